@@ -1,0 +1,74 @@
+"""The ``sparkconsole`` command: one entry point, one subcommand module each.
+
+Each module in :mod:`sparkconsole.commands` offers ``add_parser(subparsers)`` and
+``run(args) -> int``. Every :class:`~sparkconsole.errors.UserError` ends here as one line on
+stderr with its exit code; nothing the user typed ever produces a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from sparkconsole import __version__
+from sparkconsole.errors import UserError
+
+# Order is the order `--help` lists them in.
+COMMANDS = ("tui", "demo", "snapshot", "parse", "plan", "trust")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line and exit 2 like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """The options that choose which nodes to talk to (shared by tui and snapshot)."""
+    g = p.add_argument_group("cluster")
+    g.add_argument("--config", metavar="FILE", help="cluster inventory (TOML); else $SPARKCONSOLE_CONFIG, "
+                   "else the user config dir")
+    g.add_argument("--host", action="append", metavar="[USER@]HOST[:PORT]",
+                   help="an ad-hoc cluster: repeat for each node, the first is the head")
+    g.add_argument("--local", action="store_true", help="probe this machine itself (on a Spark), no SSH")
+    g.add_argument("--demo", action="store_true", help="the built-in simulated two-Spark cluster")
+    g.add_argument("--read-only", action="store_true", help="refuse every command that changes a node")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="sparkconsole",
+        description="A terminal console for a cluster of NVIDIA DGX Spark machines: watch every node, "
+        "control services, follow engine logs, plan and deploy one large model across the nodes.",
+    )
+    parser.add_argument("--version", action="version", version=f"sparkconsole {__version__}")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        module = importlib.import_module(f"sparkconsole.commands.{name}")
+        module.add_parser(subs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version")):
+        args_list = ["tui", *args_list]
+    args = parser.parse_args(args_list)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"sparkconsole: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("sparkconsole: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""The cluster inventory: which nodes, how to reach them, what role each plays.
+
+A TOML file::
+
+    [cluster]
+    name = "sparks"
+    read_only = false          # refuse every change from the console
+    services = ["ollama", "nvidia-dgx-dashboard"]   # systemd units worth controlling
+
+    [[nodes]]
+    name = "spark-1a32"        # shown in the UI, used in the journal
+    host = "spark-1a32"        # an ~/.ssh/config alias or an address
+    user = "nvidia"            # optional: else ~/.ssh/config, else the local user
+    port = 22                  # optional
+    role = "head"              # head | worker
+    jump = "spark-1a32"        # optional ProxyJump (a node name or a host)
+    fast_link = "enp1s0f1np1"  # optional: the ConnectX-7 netdev to use
+
+    [keymap]                   # optional: binding id -> keys (Textual set_keymap)
+    "app.quit" = "q,ctrl+q"
+
+Found by ``--config FILE``, then ``$SPARKCONSOLE_CONFIG``, then the platformdirs user config
+dir (:func:`default_config_path`). :func:`config_search` is the one seam tests patch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from platformdirs import user_config_path, user_state_path
+
+from sparkconsole.errors import ConfigError
+from sparkconsole.remote import validate_host, validate_ifname, validate_unit
+
+APP_NAME = "sparkconsole"
+ENV_CONFIG = "SPARKCONSOLE_CONFIG"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+Role = Literal["head", "worker"]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    host: str
+    user: str | None = None
+    port: int | None = None
+    role: Role = "worker"
+    jump: str | None = None
+    fast_link: str | None = None
+    known_hosts: str | None = None  # a known_hosts file for this node (the demo writes one)
+    identity: str | None = None  # a private key file (else ~/.ssh/config / agent)
+    ssh_config: str | None = None  # an ssh_config file to read instead of ~/.ssh/config
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    nodes: tuple[NodeConfig, ...]
+    name: str = "cluster"
+    read_only: bool = False
+    services: tuple[str, ...] = ()
+    keymap: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    source: str | None = None  # the file it came from, if any
+    local: bool = False  # probe this machine itself, no SSH
+
+    @property
+    def head(self) -> NodeConfig | None:
+        return next((n for n in self.nodes if n.role == "head"), self.nodes[0] if self.nodes else None)
+
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise ConfigError(f"no node named {name!r} in the cluster")
+
+
+def default_config_path() -> Path:
+    return user_config_path(APP_NAME, appauthor=False) / "cluster.toml"
+
+
+def state_dir() -> Path:
+    """Where the journal, the theme choice and cached model specs live."""
+    override = os.environ.get("SPARKCONSOLE_STATE_DIR")
+    return Path(override) if override else user_state_path(APP_NAME, appauthor=False)
+
+
+def config_search(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """The config file to use: ``--config``, then ``$SPARKCONSOLE_CONFIG``, then the user dir."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such config file")
+        return path
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        path = Path(env).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such config file (from ${ENV_CONFIG})")
+        return path
+    path = default_config_path()
+    return path if path.is_file() else None
+
+
+def _line_of(text: str, needle: str, start: int = 0) -> int:
+    idx = text.find(needle, start)
+    return text.count("\n", 0, idx) + 1 if idx >= 0 else 0
+
+
+def _where(path: str, text: str, key: str, index: int | None = None) -> str:
+    """``file:line`` for a key (best effort: TOML parsers do not keep positions)."""
+    start = 0
+    if index is not None:
+        for _ in range(index + 1):
+            pos = text.find("[[nodes]]", start)
+            if pos < 0:
+                break
+            start = pos + 1
+        start = max(start - 1, 0)
+    line = _line_of(text, key, start) or _line_of(text, "[[nodes]]", start)
+    return f"{path}:{line}" if line else path
+
+
+def _opt_str(raw: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: key {key!r} must be a non-empty string")
+    return value
+
+
+def parse_config(text: str, source: str = "<config>") -> ClusterConfig:
+    """Parse and check a config file's text; every error names file, line and key."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    cluster = data.get("cluster", {})
+    if not isinstance(cluster, dict):
+        raise ConfigError(f"{_where(source, text, '[cluster]')}: [cluster] must be a table")
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise ConfigError(f"{source}: key 'nodes' missing: add at least one [[nodes]] table")
+    nodes: list[NodeConfig] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_nodes):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: nodes[{i}] must be a table")
+        known = {"name", "host", "user", "port", "role", "jump", "fast_link", "known_hosts", "identity", "ssh_config"}
+        for key in raw:
+            if key not in known:
+                raise ConfigError(f"{_where(source, text, key, i)}: unknown key {key!r} in [[nodes]]")
+        name = raw.get("name") or raw.get("host")
+        where = _where(source, text, "name", i)
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(f"{where}: key 'name' must be a short name (letters, digits, '-', '_', '.')")
+        if name in seen:
+            raise ConfigError(f"{where}: key 'name': node {name!r} is listed twice")
+        seen.add(name)
+        host = raw.get("host", name)
+        where = _where(source, text, "host", i)
+        if not isinstance(host, str):
+            raise ConfigError(f"{where}: key 'host' must be a string")
+        try:
+            validate_host(host)
+        except Exception as exc:
+            raise ConfigError(f"{where}: key 'host': {exc}") from None
+        port = raw.get("port")
+        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
+            raise ConfigError(f"{_where(source, text, 'port', i)}: key 'port' must be a number 1-65535")
+        role = raw.get("role", "head" if i == 0 else "worker")
+        if role not in ("head", "worker"):
+            raise ConfigError(f"{_where(source, text, 'role', i)}: key 'role' must be \"head\" or \"worker\"")
+        fast = _opt_str(raw, "fast_link", _where(source, text, "fast_link", i))
+        if fast is not None:
+            try:
+                validate_ifname(fast)
+            except Exception as exc:
+                raise ConfigError(f"{_where(source, text, 'fast_link', i)}: key 'fast_link': {exc}") from None
+        nodes.append(
+            NodeConfig(
+                name=name,
+                host=host,
+                user=_opt_str(raw, "user", _where(source, text, "user", i)),
+                port=port,
+                role=role,
+                jump=_opt_str(raw, "jump", _where(source, text, "jump", i)),
+                fast_link=fast,
+                known_hosts=_opt_str(raw, "known_hosts", _where(source, text, "known_hosts", i)),
+                identity=_opt_str(raw, "identity", _where(source, text, "identity", i)),
+                ssh_config=_opt_str(raw, "ssh_config", _where(source, text, "ssh_config", i)),
+            )
+        )
+    services = cluster.get("services", [])
+    if not isinstance(services, list) or not all(isinstance(s, str) for s in services):
+        raise ConfigError(f"{_where(source, text, 'services')}: key 'services' must be a list of unit names")
+    for s in services:
+        try:
+            validate_unit(s)
+        except Exception as exc:
+            raise ConfigError(f"{_where(source, text, 'services')}: key 'services': {exc}") from None
+    read_only = cluster.get("read_only", False)
+    if not isinstance(read_only, bool):
+        raise ConfigError(f"{_where(source, text, 'read_only')}: key 'read_only' must be true or false")
+    keymap = data.get("keymap", {})
+    if not isinstance(keymap, dict) or not all(isinstance(v, str) for v in keymap.values()):
+        raise ConfigError(f"{_where(source, text, '[keymap]')}: [keymap] must map binding ids to key strings")
+    name = cluster.get("name", "cluster")
+    if not isinstance(name, str):
+        raise ConfigError(f"{_where(source, text, 'name')}: key 'name' must be a string")
+    return ClusterConfig(
+        nodes=tuple(nodes),
+        name=name,
+        read_only=read_only,
+        services=tuple(services),
+        keymap=MappingProxyType(dict(keymap)),
+        source=source,
+    )
+
+
+def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.__class__.__name__}") from None
+    return parse_config(text, str(p))
+
+
+def adhoc_cluster(hosts: list[str], read_only: bool = False) -> ClusterConfig:
+    """``--host A --host B``: the first is the head. ``user@host:port`` is accepted."""
+    nodes = []
+    for i, spec in enumerate(hosts):
+        user = None
+        port = None
+        host = spec
+        if "@" in host:
+            user, host = host.split("@", 1)
+        if host.count(":") == 1:
+            host, port_s = host.split(":")
+            if not port_s.isdigit() or not 0 < int(port_s) < 65536:
+                raise ConfigError(f"--host {spec}: port must be a number 1-65535")
+            port = int(port_s)
+        try:
+            validate_host(host)
+        except Exception as exc:
+            raise ConfigError(f"--host {spec}: {exc}") from None
+        nodes.append(NodeConfig(name=host, host=host, user=user, port=port, role="head" if i == 0 else "worker"))
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise ConfigError("--host: the same host is given twice")
+    return ClusterConfig(nodes=tuple(nodes), name="adhoc", read_only=read_only)
+
+
+def local_cluster(read_only: bool = False) -> ClusterConfig:
+    import socket
+
+    name = socket.gethostname() or "localhost"
+    return ClusterConfig(nodes=(NodeConfig(name=name, host="localhost", role="head"),), name="local",
+                         read_only=read_only, local=True)

@@ -1,0 +1,159 @@
+"""The batched probe: one long-lived shell per node, one sample per request.
+
+The console opens one exec channel per node running :func:`probe_script` and keeps it. Each tick
+it writes one line naming the sections it wants (``"meminfo gpu gpu-apps links ip"``) and reads
+until the ``end`` marker. The node never runs more than one process tree per tick, nothing is
+re-authenticated, and cheap sections can be asked for every tick while slow ones (``docker
+stats`` takes a second or two, ``df``, versions) are asked for less often.
+
+Framing, one marker per line, all starting with :data:`MARK`::
+
+    ::sparkprobe:: begin <seq>
+    ::sparkprobe:: section <name>
+    ...the command's stdout and stderr...
+    ::sparkprobe:: rc <name> <exit code>
+    ::sparkprobe:: end <seq>
+
+The simulated Spark (:mod:`sparkconsole.sim`) answers the same protocol by running each
+section's ``argv`` through its command emulator, so both are read by the same parsers.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+MARK = "::sparkprobe::"
+HEADER = "# sparkconsole probe v1"
+PER_SECTION_TIMEOUT_S = 8
+
+
+@dataclass(frozen=True)
+class ProbeSection:
+    """One section of the probe: a constant command and how often it is worth asking for.
+
+    ``argv`` is quoted when the script is built; ``globs`` lists argument indexes that are shell
+    glob patterns (constants of this module) and are left unquoted so the node's shell expands
+    them. ``every`` is the cadence in ticks (1 = every tick).
+    """
+
+    name: str
+    argv: tuple[str, ...]
+    every: int = 1
+    globs: tuple[int, ...] = ()
+    optional: bool = False  # a missing tool is normal here (no ray on a plain node)
+
+    def shell(self) -> str:
+        parts = []
+        for i, arg in enumerate(self.argv):
+            parts.append(arg if i in self.globs else shlex.quote(arg))
+        return " ".join(parts)
+
+
+GPU_QUERY_FIELDS = (
+    "index,name,uuid,pci.bus_id,driver_version,utilization.gpu,memory.total,memory.used,"
+    "temperature.gpu,power.draw,power.limit,clocks.sm,clocks.max.sm,pstate"
+)
+
+SECTIONS: tuple[ProbeSection, ...] = (
+    ProbeSection("hostname", ("hostname",), every=30),
+    ProbeSection("uname", ("uname", "-srm"), every=30),
+    ProbeSection("nproc", ("nproc",), every=30),
+    ProbeSection("uptime", ("cat", "/proc/uptime", "/proc/loadavg")),
+    ProbeSection("meminfo", ("cat", "/proc/meminfo")),
+    ProbeSection("gpu", ("nvidia-smi", f"--query-gpu={GPU_QUERY_FIELDS}", "--format=csv")),
+    ProbeSection(
+        "gpu-apps",
+        ("nvidia-smi", "--query-compute-apps=pid,process_name,used_gpu_memory", "--format=csv"),
+    ),
+    ProbeSection("nvidia-smi", ("nvidia-smi",), every=30),
+    ProbeSection("ibdev2netdev", ("ibdev2netdev",), every=5, optional=True),
+    ProbeSection(
+        "ib-ports",
+        ("grep", "-H", ".", "/sys/class/infiniband/*/ports/*/state", "/sys/class/infiniband/*/ports/*/rate"),
+        every=5,
+        globs=(3, 4),
+        optional=True,
+    ),
+    ProbeSection("ip-addr", ("ip", "-j", "addr"), every=5),
+    ProbeSection("docker-ps", ("docker", "ps", "-a", "--format", "{{json .}}"), every=2),
+    ProbeSection("docker-stats", ("docker", "stats", "--no-stream", "--format", "{{json .}}"), every=5),
+    ProbeSection("docker-version", ("docker", "version", "--format", "{{.Server.Version}}"), every=30),
+    ProbeSection("ray-status", ("ray", "status"), every=5, optional=True),
+    ProbeSection("df", ("df", "-B1", "-P", "/"), every=30),
+)
+
+SECTION_BY_NAME: dict[str, ProbeSection] = {s.name: s for s in SECTIONS}
+
+
+def sections_for_tick(tick: int) -> tuple[str, ...]:
+    """Names of the sections worth asking for on tick number ``tick`` (0 = first: all)."""
+    return tuple(s.name for s in SECTIONS if tick % s.every == 0)
+
+
+def probe_script(sections: tuple[ProbeSection, ...] = SECTIONS) -> str:
+    """The shell program the node runs for the whole session (POSIX sh).
+
+    Each section is wrapped in ``timeout`` when the node has it, so one hung tool (a wedged
+    ``nvidia-smi``) costs a section, not the probe.
+    """
+    cases = []
+    for s in sections:
+        cases.append(f"    {s.name}) $T {s.shell()} 2>&1 ;;")
+    body = "\n".join(cases)
+    return f"""{HEADER}
+export LC_ALL=C
+T=''
+command -v timeout >/dev/null 2>&1 && T='timeout -k 1 {PER_SECTION_TIMEOUT_S}'
+seq=0
+while IFS= read -r want; do
+  seq=$((seq+1))
+  printf '%s begin %s\\n' '{MARK}' "$seq"
+  for s in $want; do
+    printf '%s section %s\\n' '{MARK}' "$s"
+    case "$s" in
+{body}
+    *) echo "unknown section: $s"; false ;;
+    esac
+    printf '%s rc %s %s\\n' '{MARK}' "$s" "$?"
+  done
+  printf '%s end %s\\n' '{MARK}' "$seq"
+done
+"""
+
+
+def probe_command() -> str:
+    """The exec-channel command line that starts the probe on a node."""
+    return "exec sh -c " + shlex.quote(probe_script())
+
+
+@dataclass(frozen=True)
+class SectionOutput:
+    name: str
+    text: str
+    rc: int | None  # None when the section never finished (channel dropped mid-way)
+
+
+def split_tick(lines: list[str]) -> dict[str, SectionOutput]:
+    """Split the lines of one tick (between ``begin`` and ``end``) into sections."""
+    out: dict[str, SectionOutput] = {}
+    current: str | None = None
+    buf: list[str] = []
+    for line in lines:
+        if line.startswith(MARK):
+            words = line[len(MARK):].split()
+            if len(words) >= 2 and words[0] == "section":
+                current, buf = words[1], []
+            elif len(words) >= 3 and words[0] == "rc" and current == words[1]:
+                try:
+                    rc: int | None = int(words[2])
+                except ValueError:
+                    rc = None
+                out[current] = SectionOutput(current, "\n".join(buf), rc)
+                current, buf = None, []
+            continue
+        if current is not None:
+            buf.append(line)
+    if current is not None:
+        out[current] = SectionOutput(current, "\n".join(buf), None)
+    return out

@@ -1,0 +1,81 @@
+"""What every transport offers: run a command, stream its lines, hold a long-lived process.
+
+Two implementations: :mod:`sparkconsole.transport.ssh` (asyncssh, one kept connection per node)
+and :mod:`sparkconsole.transport.local` (asyncio subprocess, for running on a Spark itself).
+Callers pass either a :class:`~sparkconsole.remote.RemoteCommand` or a string that was built by
+:mod:`sparkconsole.remote` / :mod:`sparkconsole.probe.script`; transports never build commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from sparkconsole.remote import RemoteCommand
+
+CommandLike = RemoteCommand | str
+
+
+def command_text(cmd: CommandLike) -> str:
+    """The exact shell text of ``cmd``."""
+    return cmd.shell() if isinstance(cmd, RemoteCommand) else cmd
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one finished command gave back."""
+
+    command: str
+    exit_status: int | None  # None: killed by a signal or timed out
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+
+@runtime_checkable
+class LongProcess(Protocol):
+    """A process kept open for the session (the probe): write lines, read lines."""
+
+    async def write_line(self, line: str) -> None: ...
+
+    async def read_line(self) -> str | None:
+        """The next stdout line without its newline, or ``None`` at end of stream."""
+        ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def is_closing(self) -> bool: ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """How commands reach one node."""
+
+    node: str
+
+    async def connect(self) -> None:
+        """Open (or re-open) the connection; idempotent."""
+        ...
+
+    async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None) -> CommandResult:
+        """Run ``cmd`` to completion; raises :class:`~sparkconsole.errors.TransportError`."""
+        ...
+
+    def stream(self, cmd: CommandLike) -> AsyncIterator[str]:
+        """Yield the lines of stdout+stderr of ``cmd`` as they come (``docker logs -f``)."""
+        ...
+
+    async def open_process(self, cmd: CommandLike) -> LongProcess:
+        """Start ``cmd`` and keep it: stdin/stdout lines (the probe)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def connected(self) -> bool: ...
