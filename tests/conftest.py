@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.lab.fixtures"]
+
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL = FIXTURES / "real"
 

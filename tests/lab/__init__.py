@@ -1,0 +1,1 @@
+"""A real lab for the transport tests: OpenSSH sshd processes started by the tests themselves."""
