@@ -1,16 +1,53 @@
-"""`sparkconsole snapshot` (placeholder until its module lands)."""
+"""``sparkconsole snapshot``: one probe of every node, printed as JSON or one line per node."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import sys
 
-from sparkconsole.errors import UserError
+from sparkconsole.cli import add_cluster_args
+from sparkconsole.commands._cluster import open_cluster
+from sparkconsole.probe.poller import snapshot_cluster, states_to_json
+from sparkconsole.probe.state import NodeState, NodeStatus
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
-    p = subs.add_parser("snapshot", help="(not yet available)")
+    p = subs.add_parser("snapshot", help="probe every node once and print what was seen",
+                        description="Probe every node once (all sections) and print the typed samples "
+                        "the dashboard shows.")
+    add_cluster_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for each node (default 20)")
     p.set_defaults(func=run)
 
 
+def _line(state: NodeState) -> str:
+    s = state.sample
+    if s is None:
+        return f"{state.name:<16} {state.status.value:<10} {state.reason}"
+    mem = s.memory
+    gib = 2**30
+    used = f"{mem.used_bytes / gib:.1f}" if mem.used_bytes is not None else "—"
+    total = f"{mem.total_bytes / gib:.1f}" if mem.total_bytes is not None else "—"
+    gpu = s.gpus[0].name if s.gpus and s.gpus[0].name else "no GPU read"
+    up = sum(1 for link in s.links if link.state == "up")
+    return (f"{state.name:<16} {state.status.value:<10} {gpu:<14} memory {used}/{total} GiB  "
+            f"links up {up}/{len(s.links)}  containers {sum(c.state == 'running' for c in s.containers)}")
+
+
+async def _snapshot(args: argparse.Namespace) -> list[NodeState]:
+    async with open_cluster(args) as config:
+        return await snapshot_cluster(config, timeout=args.timeout)
+
+
 def run(args: argparse.Namespace) -> int:
-    raise UserError("'snapshot' is not available yet")
+    states = asyncio.run(_snapshot(args))
+    if args.json:
+        json.dump(states_to_json(states), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for state in states:
+            print(_line(state))
+    return 0 if all(s.status is NodeStatus.UP for s in states) else 3

@@ -1,0 +1,78 @@
+"""Alerts: the few conditions an operator must see without looking for them.
+
+Pure functions over the node states, so the dashboard, ``snapshot`` and tests agree. Each alert
+names its node and says what is wrong in plain words; severity orders them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from sparkconsole.probe.samples import NodeSample
+from sparkconsole.probe.state import NodeState, NodeStatus
+
+Severity = Literal["critical", "warning", "info"]
+LOW_MEMORY_FRACTION = 0.10
+
+
+@dataclass(frozen=True)
+class Alert:
+    node: str
+    severity: Severity
+    text: str
+
+
+def node_alerts(state: NodeState) -> list[Alert]:
+    """Alerts that one node raises on its own."""
+    out: list[Alert] = []
+    if state.status is NodeStatus.DOWN:
+        out.append(Alert(state.name, "critical", f"node down: {state.reason}"))
+    elif state.status is NodeStatus.STALE:
+        out.append(Alert(state.name, "warning", f"stale: {state.reason}"))
+    sample = state.sample
+    if sample is None:
+        return out
+    frac = sample.memory.available_fraction
+    if frac is not None and frac < LOW_MEMORY_FRACTION:
+        avail = (sample.memory.available_bytes or 0) / 2**30
+        out.append(Alert(state.name, "critical", f"MemAvailable {avail:.1f} GiB ({frac:.0%}) — under 10%"))
+    if sample.links:
+        up = [link for link in sample.links if link.state == "up"]
+        if not up:
+            out.append(Alert(state.name, "critical", "ConnectX-7 link down: no twin is Up"))
+    for c in sample.containers:
+        if c.state == "restarting" or (c.status or "").startswith("Restarting"):
+            out.append(Alert(state.name, "warning", f"container {c.name} is restarting"))
+    return out
+
+
+def _first_gpu(sample: NodeSample | None):
+    return sample.gpus[0] if sample is not None and sample.gpus else None
+
+
+def cluster_alerts(states: Sequence[NodeState]) -> list[Alert]:
+    """All alerts: per node, plus differences between nodes (driver, CUDA, clocks)."""
+    out: list[Alert] = []
+    for state in states:
+        out.extend(node_alerts(state))
+    sampled = [s for s in states if s.sample is not None]
+    drivers = {s.name: s.sample.driver_version for s in sampled if s.sample and s.sample.driver_version}
+    if len(set(drivers.values())) > 1:
+        detail = ", ".join(f"{n} {v}" for n, v in drivers.items())
+        out.append(Alert("cluster", "warning", f"driver versions differ: {detail}"))
+    cudas = {s.name: s.sample.cuda_version for s in sampled if s.sample and s.sample.cuda_version}
+    if len(set(cudas.values())) > 1:
+        detail = ", ".join(f"{n} {v}" for n, v in cudas.items())
+        out.append(Alert("cluster", "warning", f"CUDA versions differ: {detail}"))
+    max_clocks = {}
+    for s in sampled:
+        gpu = _first_gpu(s.sample)
+        if gpu is not None and gpu.clock_max_sm_mhz is not None:
+            max_clocks[s.name] = gpu.clock_max_sm_mhz
+    if len(max_clocks) > 1 and max(max_clocks.values()) - min(max_clocks.values()) > 50:
+        detail = ", ".join(f"{n} {v:.0f} MHz" for n, v in max_clocks.items())
+        out.append(Alert("cluster", "warning", f"max GPU clocks differ: {detail}"))
+    order = {"critical": 0, "warning": 1, "info": 2}
+    return sorted(out, key=lambda a: order[a.severity])

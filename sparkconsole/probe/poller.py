@@ -1,0 +1,239 @@
+"""Polling nodes: one held probe process per node, one tick at a time, never overlapping.
+
+:class:`NodePoller` owns one node's probe process on its transport. ``poll_once()`` writes one
+request line (the sections due this tick), reads until the ``end`` marker, assembles a
+:class:`~sparkconsole.probe.samples.NodeSample` and updates the node's
+:class:`~sparkconsole.probe.state.NodeState`. A failure never raises out of ``poll_once``: it
+turns into a status (stale, then down) with the reason in plain words, and the broken process
+is dropped so the next tick starts a fresh one on the (re-)connected transport.
+
+The next poll is armed only when the last one has finished (Dolphie's rule), so a slow node
+never builds a backlog; each node is polled independently, so one slow or dead node never
+delays another. The Textual UI arms its own timers around ``poll_once``; scripts use
+:meth:`ClusterPoller.run` or :func:`snapshot_cluster`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from sparkconsole.config import ClusterConfig, NodeConfig
+from sparkconsole.errors import UserError
+from sparkconsole.probe.samples import NodeSample
+from sparkconsole.probe.script import MARK, probe_command, sections_for_tick, split_tick
+from sparkconsole.probe.state import NodeState, NodeStatus
+from sparkconsole.transport.base import LongProcess, Transport
+
+STALE_AFTER_FAILURES = 1
+DOWN_AFTER_FAILURES = 3
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, UserError):
+        return exc.message
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return "no answer in time (probe timed out)"
+    text = str(exc).strip().splitlines()
+    return f"{exc.__class__.__name__}: {text[0]}" if text else exc.__class__.__name__
+
+
+class NodePoller:
+    """Polls one node over one transport; the process is opened lazily and re-opened on error."""
+
+    def __init__(
+        self,
+        node: NodeConfig,
+        transport: Transport,
+        *,
+        interval: float = 2.0,
+        tick_timeout: float = 15.0,
+        clock: Callable[[], float] = time.time,
+        state: NodeState | None = None,
+    ) -> None:
+        self.node = node
+        self.transport = transport
+        self.interval = interval
+        self.tick_timeout = tick_timeout
+        self.clock = clock
+        self.state = state or NodeState(node.name)
+        self._process: LongProcess | None = None
+        self._tick = 0
+        self._lock = asyncio.Lock()
+
+    async def _ensure_process(self) -> LongProcess:
+        if self._process is None or self._process.is_closing:
+            await self.transport.connect()
+            self._process = await self.transport.open_process(probe_command())
+        return self._process
+
+    async def _read_tick(self, process: LongProcess, seq_hint: int) -> list[str]:
+        lines: list[str] = []
+        started = False
+        while True:
+            line = await process.read_line()
+            if line is None:
+                raise ConnectionError("the probe process ended (connection lost?)")
+            if line.startswith(MARK):
+                words = line[len(MARK):].split()
+                if words[:1] == ["begin"]:
+                    started, lines = True, []
+                    continue
+                if words[:1] == ["end"] and started:
+                    return lines
+            if started:
+                lines.append(line)
+
+    async def _drop_process(self) -> None:
+        proc, self._process = self._process, None
+        if proc is not None:
+            try:
+                await asyncio.wait_for(proc.close(), 2.0)
+            except Exception:
+                pass
+
+    async def poll_once(self) -> NodeState:
+        """One tick. Never raises (bar cancellation): failures become the node's status."""
+        async with self._lock:
+            from sparkconsole.probe.assemble import assemble_sample
+
+            state = self.state
+            state.last_attempt_at = self.clock()
+            wanted = sections_for_tick(self._tick if state.sample is not None else 0)
+            started = time.monotonic()
+            try:
+                process = await asyncio.wait_for(self._ensure_process(), self.tick_timeout)
+                await process.write_line(" ".join(wanted))
+                lines = await asyncio.wait_for(self._read_tick(process, self._tick), self.tick_timeout)
+            except asyncio.CancelledError:
+                await self._drop_process()
+                raise
+            except Exception as exc:
+                await self._drop_process()
+                self._fail(_reason(exc))
+                return state
+            sections = split_tick(lines)
+            sample = assemble_sample(self.node.name, self.clock(), sections, previous=state.sample)
+            sample = _with_probe_ms(sample, (time.monotonic() - started) * 1000.0)
+            state.sample = sample
+            state.last_ok_at = sample.taken_at
+            state.failures = 0
+            state.status = NodeStatus.UP
+            state.reason = "up"
+            state.history.record(sample)
+            self._tick += 1
+            return state
+
+    def _fail(self, reason: str) -> None:
+        state = self.state
+        state.failures += 1
+        if state.sample is None and state.failures < DOWN_AFTER_FAILURES:
+            state.status = NodeStatus.CONNECTING if state.failures < 2 else NodeStatus.DOWN
+        elif state.failures >= DOWN_AFTER_FAILURES:
+            state.status = NodeStatus.DOWN
+        else:
+            state.status = NodeStatus.STALE
+        state.reason = reason
+
+    def refresh_staleness(self, now: float | None = None) -> None:
+        """Mark an UP node stale when its last sample is older than three intervals."""
+        now = self.clock() if now is None else now
+        state = self.state
+        age = state.age(now)
+        if state.status is NodeStatus.UP and age is not None and age > 3 * max(self.interval, 1.0):
+            state.status = NodeStatus.STALE
+            state.reason = f"no fresh sample for {age:.0f} s"
+
+    async def close(self) -> None:
+        await self._drop_process()
+        try:
+            await self.transport.close()
+        except Exception:
+            pass
+
+
+def _with_probe_ms(sample: NodeSample, ms: float) -> NodeSample:
+    from dataclasses import replace
+
+    return replace(sample, probe_ms=ms)
+
+
+class ClusterPoller:
+    """One :class:`NodePoller` per node of a cluster, polled concurrently and independently."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        interval: float = 2.0,
+        transport_factory: Callable[[NodeConfig], Transport] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        from sparkconsole.transport import make_transport
+
+        factory = transport_factory or (lambda node: make_transport(node, local=config.local))
+        self.config = config
+        self.interval = interval
+        self.pollers = {
+            n.name: NodePoller(n, factory(n), interval=interval, clock=clock) for n in config.nodes
+        }
+        self._paused = False
+        self._wake = asyncio.Event()
+
+    @property
+    def states(self) -> list[NodeState]:
+        return [p.state for p in self.pollers.values()]
+
+    async def poll_all(self) -> list[NodeState]:
+        return list(await asyncio.gather(*(p.poll_once() for p in self.pollers.values())))
+
+    async def _run_node(self, poller: NodePoller, on_update: Callable[[NodeState], None] | None) -> None:
+        while True:
+            started = time.monotonic()
+            if not self._paused:
+                state = await poller.poll_once()
+                if on_update is not None:
+                    on_update(state)
+            delay = max(0.0, self.interval - (time.monotonic() - started))
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+            except TimeoutError:
+                pass
+
+    async def run(self, on_update: Callable[[NodeState], None] | None = None) -> None:
+        """Poll every node forever; each node re-arms its next poll when the last one ends."""
+        await asyncio.gather(*(self._run_node(p, on_update) for p in self.pollers.values()))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(p.close() for p in self.pollers.values()), return_exceptions=True)
+
+
+async def snapshot_cluster(
+    config: ClusterConfig,
+    *,
+    timeout: float = 20.0,
+    transport_factory: Callable[[NodeConfig], Transport] | None = None,
+) -> list[NodeState]:
+    """One full probe of every node (all sections), concurrently; dead nodes come back DOWN."""
+    poller = ClusterPoller(config, transport_factory=transport_factory)
+    for p in poller.pollers.values():
+        p.tick_timeout = timeout
+    try:
+        return await poller.poll_all()
+    finally:
+        await poller.close()
+
+
+def states_to_json(states: Sequence[NodeState]) -> dict[str, object]:
+    return {
+        "nodes": [
+            {
+                "node": s.name,
+                "status": s.status.value,
+                "reason": s.reason,
+                "sample": s.sample.to_dict() if s.sample is not None else None,
+            }
+            for s in states
+        ]
+    }

@@ -1,0 +1,311 @@
+"""The Textual application: screens, the per-node polling loop, the command palette.
+
+Polling follows Dolphie: one exclusive worker per node (group ``poll:<node>``); when it ends,
+the next poll is armed with ``set_timer``, so polls never overlap and a slow or dead node only
+delays itself. Every worker failure lands in :meth:`on_worker_state_changed`. The data layer
+(:mod:`sparkconsole.probe`) keeps the samples and history, so screens can come and go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import App, SystemCommand
+from textual.command import Hit, Hits, Provider
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.worker import Worker, WorkerState
+
+from sparkconsole.config import ClusterConfig, NodeConfig, state_dir
+from sparkconsole.probe.alerts import Alert, cluster_alerts
+from sparkconsole.probe.poller import ClusterPoller
+from sparkconsole.probe.state import NodeState, NodeStatus
+from sparkconsole.transport.base import Transport
+from sparkconsole.ui.keymap import APP_BINDINGS
+from sparkconsole.ui.screens.help import HelpScreen
+from sparkconsole.ui.screens.node_detail import NodeDetailScreen
+from sparkconsole.ui.screens.overview import OverviewScreen
+
+INTERVALS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """Run the built-in simulated cluster inside the app's event loop."""
+
+    nodes: int = 2
+    scenario: str = "story"
+    speed: float = 1.0
+    sim_clock: Any = None  # a sparkconsole.sim clock for tests (manual time)
+
+
+class NodeCommands(Provider):
+    """Palette entries: jump to a node, the overview, pause, refresh."""
+
+    async def search(self, query: str) -> Hits:
+        app: SparkConsoleApp = self.app  # type: ignore[assignment]
+        matcher = self.matcher(query)
+        entries: list[tuple[str, Callable[[], Any], str]] = [
+            ("Overview", app.action_overview, "Back to every node at a glance"),
+            ("Pause / resume polling", app.action_toggle_pause, "Stop or restart the probes"),
+            ("Refresh now", app.action_refresh_now, "Poll every node now"),
+        ]
+        for i, node in enumerate(app.config.nodes, start=1):
+            entries.append((f"Go to node {node.name}", partial(app.open_node, i), f"{node.role} · key {i}"))
+        for name, callback, help_text in entries:
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+
+
+class SparkConsoleApp(App[int]):
+    """sparkconsole's main window."""
+
+    CSS_PATH = "sparkconsole.tcss"
+    TITLE = "sparkconsole"
+    BINDINGS = APP_BINDINGS
+    COMMANDS = App.COMMANDS | {NodeCommands}
+
+    def __init__(
+        self,
+        config: ClusterConfig | None = None,
+        *,
+        demo: DemoOptions | None = None,
+        interval: float = 2.0,
+        clock: Callable[[], float] = time.time,
+        transport_factory: Callable[[NodeConfig], Transport] | None = None,
+        remember_theme: bool = True,
+    ) -> None:
+        super().__init__()
+        if config is None and demo is None:
+            raise ValueError("a cluster config or demo options are needed")
+        self.demo = demo
+        self.config: ClusterConfig = config or _placeholder_config(demo)  # replaced once the demo runs
+        self.interval = interval
+        self.clock = clock
+        self.transport_factory = transport_factory
+        self.remember_theme = remember_theme
+        self.paused = False
+        self.poller: ClusterPoller | None = None
+        self._timers: dict[str, Timer] = {}
+        self._stack = contextlib.AsyncExitStack()
+        self.demo_cluster: Any = None
+        self.startup_error: str | None = None
+
+    # ---- life cycle ---------------------------------------------------------------------------
+
+    async def on_mount(self) -> None:
+        self._load_theme()
+        if self.config.keymap:
+            self.set_keymap(dict(self.config.keymap))
+        if self.demo is not None:
+            from sparkconsole.sim import start_demo_cluster
+
+            kwargs: dict[str, Any] = {"nodes": self.demo.nodes, "scenario": self.demo.scenario,
+                                      "speed": self.demo.speed}
+            if self.demo.sim_clock is not None:
+                kwargs["clock"] = self.demo.sim_clock
+            self.demo_cluster = await self._stack.enter_async_context(start_demo_cluster(**kwargs))
+            self.config = self.demo_cluster.config
+        self.sub_title = self._subtitle()
+        self.poller = ClusterPoller(self.config, interval=self.interval, transport_factory=self.transport_factory,
+                                    clock=self.clock)
+        for p in self.poller.pollers.values():
+            p.tick_timeout = max(5.0, 3 * self.interval)
+        await self.push_screen(OverviewScreen())
+        for name in self.poller.pollers:
+            self.poll_node(name)
+        self.set_interval(1.0, self._tick_ages)
+
+    async def on_unmount(self) -> None:
+        if self.poller is not None:
+            with contextlib.suppress(Exception):
+                await self.poller.close()
+        with contextlib.suppress(Exception):
+            await self._stack.aclose()
+
+    def _subtitle(self) -> str:
+        mode = " · READ-ONLY" if self.config.read_only else ""
+        demo = f" · demo: {self.demo.scenario}" if self.demo else ""
+        return f"{self.config.name} · {len(self.config.nodes)} nodes{demo}{mode}"
+
+    # ---- polling --------------------------------------------------------------------------------
+
+    @work(exit_on_error=False, description="poll one node")
+    async def _poll(self, name: str) -> str:
+        assert self.poller is not None
+        if not self.paused:
+            await self.poller.pollers[name].poll_once()
+        return name
+
+    def poll_node(self, name: str) -> None:
+        """Start one poll of ``name`` unless one is running (its end arms the next)."""
+        group = f"poll:{name}"
+        if any(w.group == group and w.state in (WorkerState.PENDING, WorkerState.RUNNING) for w in self.workers):
+            return
+        timer = self._timers.pop(name, None)
+        if timer is not None:
+            timer.stop()
+        worker = self._poll(name)
+        worker.group = group
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place poll workers end: show the result, then arm the next poll."""
+        worker = event.worker
+        if not worker.group.startswith("poll:"):
+            return
+        name = worker.group.split(":", 1)[1]
+        if event.state is WorkerState.ERROR and self.poller is not None:
+            state = self.poller.pollers[name].state
+            state.status = NodeStatus.DOWN if state.sample is None else NodeStatus.STALE
+            state.reason = f"internal error while polling: {worker.error}"
+        if event.state in (WorkerState.SUCCESS, WorkerState.ERROR):
+            self._show_node(name)
+            if self.is_running:
+                self._timers[name] = self.set_timer(self.interval, partial(self.poll_node, name))
+
+    def _show_node(self, name: str) -> None:
+        screen = self.screen
+        if hasattr(screen, "refresh_node"):
+            screen.refresh_node(name)
+
+    def _tick_ages(self) -> None:
+        if self.poller is None:
+            return
+        for p in self.poller.pollers.values():
+            p.refresh_staleness()
+        screen = self.screen
+        if hasattr(screen, "refresh_all"):
+            screen.refresh_all()
+
+    # ---- data for the screens ------------------------------------------------------------------
+
+    def node_state(self, name: str) -> NodeState:
+        if self.poller is None:
+            return NodeState(name)
+        return self.poller.pollers[name].state
+
+    def states(self) -> list[NodeState]:
+        return [] if self.poller is None else self.poller.states
+
+    def alerts(self) -> list[Alert]:
+        return cluster_alerts(self.states())
+
+    def status_strip(self) -> Text:
+        text = Text()
+        for i, state in enumerate(self.states(), start=1):
+            style = {"up": "green", "stale": "dark_orange", "down": "red"}.get(state.status.value, "yellow")
+            text.append(f" {i} ", style="reverse")
+            text.append(f" {state.status.glyph} {state.name} ", style=style)
+        text.append("   polling ", style="dim")
+        text.append("paused" if self.paused else f"every {self.interval:g} s", style="bold" if self.paused else "")
+        if self.config.read_only:
+            text.append("   READ-ONLY", style="bold red")
+        return text
+
+    # ---- actions ---------------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        self.push_screen(HelpScreen(self.screen))
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self.notify("polling paused" if self.paused else "polling resumed", timeout=2)
+        self._tick_ages()
+
+    def action_refresh_now(self) -> None:
+        if self.poller is None:
+            return
+        was_paused, self.paused = self.paused, False
+        for name in self.poller.pollers:
+            self.poll_node(name)
+        self.paused = was_paused
+
+    def _set_interval(self, value: float) -> None:
+        self.interval = value
+        if self.poller is not None:
+            self.poller.interval = value
+            for p in self.poller.pollers.values():
+                p.interval = value
+                p.tick_timeout = max(5.0, 3 * value)
+        self.notify(f"polling every {value:g} s", timeout=2)
+        self._tick_ages()
+
+    def action_faster(self) -> None:
+        smaller = [i for i in INTERVALS if i < self.interval]
+        if smaller:
+            self._set_interval(smaller[-1])
+
+    def action_slower(self) -> None:
+        larger = [i for i in INTERVALS if i > self.interval]
+        if larger:
+            self._set_interval(larger[0])
+
+    def open_node(self, index: int) -> None:
+        if 1 <= index <= len(self.config.nodes):
+            self.open_node_by_name(self.config.nodes[index - 1].name)
+
+    def action_open_node(self, index: int) -> None:
+        self.open_node(index)
+
+    def open_node_by_name(self, name: str) -> None:
+        while isinstance(self.screen, NodeDetailScreen | HelpScreen):
+            self.pop_screen()
+        self.push_screen(NodeDetailScreen(name))
+
+    def action_overview(self) -> None:
+        while len(self.screen_stack) > 2:
+            self.pop_screen()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Help", "Show the keys for this screen", self.action_help)
+
+    # ---- theme, remembered between runs ---------------------------------------------------------
+
+    def _theme_file(self):
+        return state_dir() / "ui.json"
+
+    def _load_theme(self) -> None:
+        if not self.remember_theme:
+            return
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            theme = json.loads(self._theme_file().read_text())["theme"]
+            if theme in self.available_themes:
+                self.theme = theme
+        self.theme_changed_signal.subscribe(self, self._save_theme)
+
+    def _save_theme(self, theme: Any) -> None:
+        with contextlib.suppress(OSError):
+            path = self._theme_file()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"theme": theme.name}))
+
+
+def _placeholder_config(demo: DemoOptions | None) -> ClusterConfig:
+    n = demo.nodes if demo else 1
+    names = ["spark-1a32", "spark-5be3"] + [f"spark-{i}" for i in range(3, n + 1)]
+    nodes = tuple(NodeConfig(name=names[i], host="127.0.0.1", role="head" if i == 0 else "worker") for i in range(n))
+    return ClusterConfig(nodes=nodes, name="demo")
+
+
+def run_console(config: ClusterConfig | None = None, *, demo: DemoOptions | None = None,
+                interval: float = 2.0) -> int:
+    """Run the console until the user quits; returns the exit code."""
+    app = SparkConsoleApp(config, demo=demo, interval=interval)
+    result = app.run()
+    if app.startup_error:
+        from sparkconsole.errors import UserError
+
+        raise UserError(app.startup_error)
+    return int(result or 0)

@@ -1,0 +1,45 @@
+"""Key bindings as data: every binding has an id (remappable from the config's ``[keymap]``)
+and a tooltip (shown in the help screen), in the manner of Posting and Harlequin.
+"""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+
+APP_BINDINGS: list[Binding] = [
+    Binding("q", "quit", "Quit", id="app.quit", tooltip="Leave sparkconsole (nothing on the nodes stops)."),
+    Binding("question_mark,f1", "help", "Help", key_display="?", id="app.help",
+            tooltip="Show the keys that work here, with what each does."),
+    Binding("ctrl+p", "command_palette", "Commands", id="app.commands", show=False,
+            tooltip="Search every command: jump to a node, tail a log, stop or start a service."),
+    Binding("p", "toggle_pause", "Pause", id="app.pause",
+            tooltip="Pause or resume polling (the last samples stay on screen)."),
+    Binding("r", "refresh_now", "Refresh", id="app.refresh", tooltip="Poll every node now."),
+    Binding("plus,equals_sign", "faster", "+rate", key_display="+", id="app.faster",
+            tooltip="Poll more often (shorter interval)."),
+    Binding("minus", "slower", "-rate", key_display="-", id="app.slower",
+            tooltip="Poll less often (longer interval)."),
+] + [
+    Binding(str(i), f"open_node({i})", f"Node {i}", show=False, id=f"app.node{i}",
+            tooltip=f"Open the detail of node {i}.")
+    for i in range(1, 10)
+]
+
+OVERVIEW_BINDINGS: list[Binding] = [
+    Binding("enter", "open_focused", "Detail", id="overview.open",
+            tooltip="Open the detail of the focused node."),
+    Binding("right,l,tab", "focus_next_card", "Next", show=False, id="overview.next",
+            tooltip="Focus the next node."),
+    Binding("left,h,shift+tab", "focus_previous_card", "Prev", show=False, id="overview.prev",
+            tooltip="Focus the previous node."),
+]
+
+DETAIL_BINDINGS: list[Binding] = [
+    Binding("escape", "back", "Back", id="detail.back", tooltip="Back to the overview."),
+    Binding("slash", "filter", "Filter", key_display="/", id="detail.filter",
+            tooltip="Filter the containers by name or image."),
+]
+
+HELP_BINDINGS: list[Binding] = [
+    Binding("escape,q,question_mark", "dismiss", "Close", id="help.close", tooltip="Close the help."),
+]

@@ -1,0 +1,110 @@
+"""Small Rich renderers the cards and detail views share: sparklines, the memory bar, values.
+
+Kept as functions returning :class:`rich.text.Text` so a whole card is one cheap ``Static``
+update per sample, and so gaps ("not read") render as gaps and unknown values as "—".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from sparkconsole.probe.samples import UnifiedMemory
+
+BLOCKS = "▁▂▃▄▅▆▇█"
+DASH = "—"
+GIB = 2**30
+
+MEMORY_COLOURS = {
+    "gpu": "magenta",
+    "other": "yellow",
+    "cache": "blue",
+    "free": "green",
+}
+
+
+def sparkline(values: Sequence[float | None], width: int, lo: float | None = None, hi: float | None = None,
+              style: str = "cyan") -> Text:
+    """The last ``width`` values as block characters; ``None`` (not read) is a blank."""
+    pts = list(values)[-width:]
+    known = [v for v in pts if v is not None]
+    text = Text()
+    if not known:
+        return Text(" " * width)
+    low = min(known) if lo is None else lo
+    high = max(known) if hi is None else hi
+    span = (high - low) or 1.0
+    text.append(" " * (width - len(pts)))
+    for v in pts:
+        if v is None:
+            text.append(" ")
+            continue
+        idx = int((min(max(v, low), high) - low) / span * (len(BLOCKS) - 1) + 0.5)
+        text.append(BLOCKS[idx], style=style)
+    return text
+
+
+def fmt(value: float | None, unit: str = "", digits: int = 0) -> str:
+    """A value with its unit, or "—" when it was not read (never 0)."""
+    if value is None:
+        return DASH
+    return f"{value:.{digits}f}{unit}"
+
+
+def gib(value: int | float | None, digits: int = 1) -> str:
+    return DASH if value is None else f"{value / GIB:.{digits}f}"
+
+
+def memory_parts(mem: UnifiedMemory) -> list[tuple[str, int | None]]:
+    """The four parts of the unified-memory bar, in bar order."""
+    return [
+        ("gpu", mem.gpu_process_bytes),
+        ("other", mem.other_used_bytes),
+        ("cache", mem.page_cache_bytes),
+        ("free", mem.available_bytes),
+    ]
+
+
+def memory_bar(mem: UnifiedMemory, width: int) -> Text:
+    """A stacked bar: GPU processes / other used / page cache / available, scaled to MemTotal.
+
+    Page cache is part of MemAvailable on Linux; the bar shows it separately and the "free" part
+    is what is available beyond the cache, so the four parts add up to the total.
+    """
+    total = mem.total_bytes
+    if not total:
+        return Text("unified memory not read".center(width), style="dim")
+    avail = mem.available_bytes or 0
+    cache = min(mem.page_cache_bytes or 0, avail)
+    parts = [
+        ("gpu", mem.gpu_process_bytes or 0),
+        ("other", mem.other_used_bytes or 0),
+        ("cache", cache),
+        ("free", max(avail - cache, 0)),
+    ]
+    text = Text()
+    used_cells = 0
+    for i, (key, size) in enumerate(parts):
+        cells = round(size / total * width) if i < len(parts) - 1 else width - used_cells
+        cells = max(0, min(cells, width - used_cells))
+        used_cells += cells
+        char = "█" if key != "free" else "░"
+        text.append(char * cells, style=MEMORY_COLOURS[key])
+    return text
+
+
+def memory_legend(mem: UnifiedMemory) -> Text:
+    avail = mem.available_bytes
+    cache = mem.page_cache_bytes
+    free_beyond_cache = None if avail is None else max(avail - min(cache or 0, avail), 0)
+    text = Text()
+    for key, label, value in (
+        ("gpu", "GPU procs", mem.gpu_process_bytes),
+        ("other", "other", mem.other_used_bytes),
+        ("cache", "cache", cache),
+        ("free", "free", free_beyond_cache),
+    ):
+        text.append("■ ", style=MEMORY_COLOURS[key])
+        text.append(f"{label} {gib(value)}  ")
+    return text

@@ -1,0 +1,148 @@
+"""One node in full: links, containers, GPU processes, disk and versions."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, Static
+
+from sparkconsole.probe.samples import NodeSample
+from sparkconsole.probe.state import NodeState
+from sparkconsole.ui.keymap import DETAIL_BINDINGS
+from sparkconsole.ui.render import DASH, fmt, gib
+from sparkconsole.ui.widgets.node_card import card_renderable
+
+
+def _cpu(value: float | None) -> str:
+    return fmt(value, " %", 1)
+
+
+class NodeDetailScreen(Screen):
+    """Everything about one node. ``/`` filters the containers; Esc goes back."""
+
+    BINDINGS = DETAIL_BINDINGS
+    HELP = "One node in full. / filters containers, Esc returns to the overview."
+
+    def __init__(self, node: str) -> None:
+        super().__init__(name=f"node:{node}")
+        self.node = node
+        self.filter_text = ""
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll(id="detail"):
+            with Horizontal(id="detail-top"):
+                yield Static(id="detail-card")
+                yield Static(id="detail-info")
+            yield Static("ConnectX-7 links", classes="section-title")
+            yield DataTable(id="links-table", cursor_type="row", zebra_stripes=True)
+            yield Static("Containers", classes="section-title")
+            yield Input(placeholder="filter containers (name or image)…", id="container-filter")
+            yield DataTable(id="containers-table", cursor_type="row", zebra_stripes=True)
+            yield Static("GPU processes", classes="section-title")
+            yield DataTable(id="gpu-procs-table", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"sparkconsole — {self.node}"
+        self.query_one("#links-table", DataTable).add_columns("RDMA device", "port", "netdev", "state", "rate",
+                                                              "IPv4", "MTU", "carrier")
+        self.query_one("#containers-table", DataTable).add_columns("name", "image", "state", "status", "CPU",
+                                                                   "memory")
+        self.query_one("#gpu-procs-table", DataTable).add_columns("pid", "process", "GPU memory")
+        self.query_one("#container-filter", Input).display = False
+        self.refresh_all()
+
+    def refresh_node(self, name: str) -> None:
+        if name == self.node:
+            self.refresh_all()
+
+    def refresh_all(self) -> None:
+        app = self.app
+        state: NodeState = app.node_state(self.node)  # type: ignore[attr-defined]
+        role = app.config.node(self.node).role  # type: ignore[attr-defined]
+        alerts = [a for a in app.alerts() if a.node == self.node]  # type: ignore[attr-defined]
+        self.query_one("#detail-card", Static).update(card_renderable(state, role, app.clock(), alerts))  # type: ignore[attr-defined]
+        sample = state.sample
+        self.query_one("#detail-info", Static).update(self._info(sample))
+        self._fill_links(sample)
+        self._fill_containers(sample)
+        self._fill_procs(sample)
+
+    def _info(self, sample: NodeSample | None) -> Text:
+        text = Text()
+        if sample is None:
+            return text
+        host = sample.host
+        disk = sample.disk
+        rows = [
+            ("hostname", host.hostname or DASH),
+            ("kernel", host.kernel or DASH),
+            ("arch", host.arch or DASH),
+            ("CPUs", fmt(host.cpu_count)),
+            ("load", fmt(host.load1, "", 2)),
+            ("uptime", DASH if host.uptime_s is None else f"{host.uptime_s / 3600:.1f} h"),
+            ("driver", sample.driver_version or DASH),
+            ("CUDA", sample.cuda_version or DASH),
+            ("Docker", host.docker_version or DASH),
+            ("disk /", DASH if disk is None else f"{gib(disk.used_bytes, 0)} / {gib(disk.total_bytes, 0)} GiB used"),
+            ("Ray", DASH if sample.ray is None else
+             f"{sample.ray.active_nodes} nodes · GPU {fmt(sample.ray.gpus_used, '', 1)}/{fmt(sample.ray.gpus_total, '', 1)}"),
+            ("probe", fmt(sample.probe_ms, " ms", 1)),
+        ]
+        for key, value in rows:
+            text.append(f"{key:<9}", style="dim")
+            text.append(f"{value}\n")
+        if sample.unknown:
+            text.append("\nnot read\n", style="bold")
+            for key, reason in sample.unknown.items():
+                text.append(f"{key}: ", style="dim")
+                text.append(f"{reason}\n")
+        return text
+
+    def _fill_links(self, sample: NodeSample | None) -> None:
+        table = self.query_one("#links-table", DataTable)
+        table.clear()
+        for link in sample.links if sample else ():
+            state = Text(link.state or DASH, style="green" if link.state == "up" else "red")
+            table.add_row(link.rdma_device, fmt(link.port), link.netdev or DASH, state, fmt(link.rate_gbps, " Gb/s"),
+                          ", ".join(link.ipv4) or DASH, fmt(link.mtu),
+                          DASH if link.carrier is None else ("yes" if link.carrier else "no"))
+
+    def _fill_containers(self, sample: NodeSample | None) -> None:
+        table = self.query_one("#containers-table", DataTable)
+        table.clear()
+        needle = self.filter_text.lower()
+        for c in sample.containers if sample else ():
+            if needle and needle not in (c.name or "").lower() and needle not in (c.image or "").lower():
+                continue
+            style = {"running": "green", "restarting": "dark_orange", "exited": "dim"}.get(c.state or "", "")
+            table.add_row(c.name or DASH, c.image or DASH, Text(c.state or DASH, style=style), c.status or DASH,
+                          _cpu(c.cpu_pct), DASH if c.mem_used_bytes is None else f"{gib(c.mem_used_bytes)} GiB",
+                          key=c.name or c.id)
+
+    def _fill_procs(self, sample: NodeSample | None) -> None:
+        table = self.query_one("#gpu-procs-table", DataTable)
+        table.clear()
+        for p in sample.gpu_processes if sample else ():
+            table.add_row(fmt(p.pid), p.name or DASH, fmt(p.memory_mib, " MiB"))
+
+    def action_back(self) -> None:
+        box = self.query_one("#container-filter", Input)
+        if box.has_focus:
+            box.display = False
+            self.query_one("#containers-table", DataTable).focus()
+            return
+        self.app.pop_screen()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#container-filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "container-filter":
+            self.filter_text = event.value
+            self._fill_containers(self.app.node_state(self.node).sample)  # type: ignore[attr-defined]

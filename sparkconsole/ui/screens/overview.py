@@ -1,0 +1,71 @@
+"""The overview: one card per node, side by side, and the cluster's alerts below."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Grid, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static
+
+from sparkconsole.probe.alerts import Alert
+from sparkconsole.probe.state import NodeState
+from sparkconsole.ui.keymap import OVERVIEW_BINDINGS
+from sparkconsole.ui.widgets.node_card import NodeCard
+
+
+class OverviewScreen(Screen):
+    """Every node at a glance."""
+
+    BINDINGS = OVERVIEW_BINDINGS
+    HELP = "Every node at a glance. Enter or a number opens a node; ? lists every key."
+
+    def compose(self) -> ComposeResult:
+        app = self.app
+        yield Header()
+        yield Static(id="status-strip")
+        with VerticalScroll(id="cards-scroll"), Grid(id="cards"):
+            for i, node in enumerate(app.config.nodes, start=1):  # type: ignore[attr-defined]
+                yield NodeCard(node.name, node.role, i, app.clock)  # type: ignore[attr-defined]
+        yield Static(id="cluster-alerts")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        cards = list(self.query(NodeCard))
+        if cards:
+            cards[0].focus()
+        grid = self.query_one("#cards", Grid)
+        grid.styles.grid_size_columns = min(max(len(cards), 1), 2)
+        self.refresh_all()
+
+    def refresh_all(self) -> None:
+        app = self.app
+        alerts: list[Alert] = app.alerts()  # type: ignore[attr-defined]
+        for card in self.query(NodeCard):
+            state: NodeState = app.node_state(card.node)  # type: ignore[attr-defined]
+            card.show(state, [a for a in alerts if a.node == card.node])
+        self.query_one("#status-strip", Static).update(app.status_strip())  # type: ignore[attr-defined]
+        cluster = [a for a in alerts if a.node == "cluster"]
+        text = Text()
+        for alert in cluster:
+            text.append(f"⚠ {alert.text}\n", style="dark_orange")
+        widget = self.query_one("#cluster-alerts", Static)
+        widget.update(text)
+        widget.display = bool(cluster)
+
+    def refresh_node(self, name: str) -> None:
+        self.refresh_all()
+
+    def on_node_card_selected(self, message: NodeCard.Selected) -> None:
+        self.app.open_node_by_name(message.node)  # type: ignore[attr-defined]
+
+    def action_open_focused(self) -> None:
+        focused = self.focused
+        if isinstance(focused, NodeCard):
+            self.app.open_node_by_name(focused.node)  # type: ignore[attr-defined]
+
+    def action_focus_next_card(self) -> None:
+        self.focus_next(NodeCard)
+
+    def action_focus_previous_card(self) -> None:
+        self.focus_previous(NodeCard)

@@ -1,0 +1,156 @@
+"""One node at a glance: status, GPU with history, unified memory, ConnectX-7, containers, alerts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.message import Message
+from textual.widgets import Static
+
+from sparkconsole.probe.alerts import Alert
+from sparkconsole.probe.samples import NodeSample
+from sparkconsole.probe.state import NodeState, NodeStatus
+from sparkconsole.ui.render import DASH, fmt, gib, memory_bar, memory_legend, sparkline
+
+STATUS_STYLE = {
+    NodeStatus.CONNECTING: "yellow",
+    NodeStatus.UP: "green",
+    NodeStatus.STALE: "dark_orange",
+    NodeStatus.DOWN: "red",
+}
+SPARK_WIDTH = 36
+BAR_WIDTH = 60
+
+
+def age_text(state: NodeState, now: float) -> str:
+    age = state.age(now)
+    if age is None:
+        return "no sample yet"
+    if age < 1.5:
+        return "just now"
+    if age < 120:
+        return f"{age:.0f} s ago"
+    return f"{age / 60:.0f} min ago"
+
+
+def status_line(state: NodeState, role: str, now: float) -> Text:
+    style = STATUS_STYLE[state.status]
+    text = Text()
+    text.append(f"{state.status.glyph} ", style=style)
+    text.append(state.name, style="bold")
+    text.append(f" · {role} · ")
+    text.append(state.status.value, style=style)
+    text.append(f" · {age_text(state, now)}", style="dim")
+    if state.status is not NodeStatus.UP:
+        text.append(f"\n  {state.reason}", style=style)
+    return text
+
+
+def gpu_block(state: NodeState, sample: NodeSample) -> Table:
+    gpu = sample.gpus[0] if sample.gpus else None
+    hist = state.history
+    table = Table.grid(padding=(0, 1))
+    table.add_column(width=6)
+    table.add_column(width=10, justify="right")
+    table.add_column(width=SPARK_WIDTH)
+    rows = [
+        ("util", fmt(gpu.utilization_pct if gpu else None, " %"), "gpu_util", 0.0, 100.0, "green"),
+        ("temp", fmt(gpu.temperature_c if gpu else None, " °C"), "gpu_temp", 20.0, 95.0, "yellow"),
+        ("power", fmt(gpu.power_w if gpu else None, " W"), "gpu_power", 0.0, None, "magenta"),
+        ("clock", fmt(gpu.clock_sm_mhz if gpu else None, " MHz"), "gpu_clock", 0.0, None, "cyan"),
+    ]
+    for label, value, metric, lo, hi, colour in rows:
+        table.add_row(Text(label, style="dim"), value, sparkline(hist.values(metric), SPARK_WIDTH, lo, hi, colour))
+    return table
+
+
+def links_line(sample: NodeSample) -> Text:
+    text = Text("ConnectX-7  ", style="bold")
+    if not sample.links:
+        reason = sample.unknown.get("links", "no ConnectX-7 seen")
+        text.append(f"{DASH} ({reason})", style="dim")
+        return text
+    up = [link for link in sample.links if link.state == "up"]
+    style = "green" if up else "red"
+    text.append(f"{len(up)}/{len(sample.links)} twins up", style=style)
+    lead = up[0] if up else None
+    if lead is not None:
+        rate = fmt(lead.rate_gbps, " Gb/s")
+        ip = lead.ipv4[0] if lead.ipv4 else DASH
+        mtu = fmt(lead.mtu)
+        text.append(f" · {rate} · {ip} · MTU {mtu}")
+    return text
+
+
+def containers_line(sample: NodeSample) -> Text:
+    text = Text("Containers  ", style="bold")
+    if "docker-ps" in sample.unknown and not sample.containers:
+        text.append(f"{DASH} ({sample.unknown['docker-ps']})", style="dim")
+        return text
+    running = [c for c in sample.containers if c.state == "running"]
+    text.append(f"{len(running)} running / {len(sample.containers)}")
+    sized = [c for c in sample.containers if c.mem_used_bytes is not None]
+    if sized:
+        big = max(sized, key=lambda c: c.mem_used_bytes or 0)
+        text.append(f" · biggest {big.name} {gib(big.mem_used_bytes)} GiB", style="dim")
+    return text
+
+
+def card_renderable(state: NodeState, role: str, now: float, alerts: list[Alert]) -> Group:
+    parts: list = [status_line(state, role, now)]
+    sample = state.sample
+    if sample is None:
+        parts.append(Text("\nwaiting for the first sample…", style="dim"))
+        return Group(*parts)
+    gpu = sample.gpus[0] if sample.gpus else None
+    head = Text("GPU  ", style="bold")
+    if gpu is None:
+        head.append(f"{DASH} ({sample.unknown.get('gpu', 'not read')})", style="dim")
+    else:
+        head.append(gpu.name or DASH)
+        head.append(f" · driver {sample.driver_version or DASH} · CUDA {sample.cuda_version or DASH}", style="dim")
+    parts += [Text(""), head, gpu_block(state, sample), Text("")]
+    mem = sample.memory
+    mem_head = Text("Unified memory  ", style="bold")
+    mem_head.append(f"{gib(mem.used_bytes)} / {gib(mem.total_bytes)} GiB used · {gib(mem.available_bytes)} GiB available")
+    parts += [mem_head, memory_bar(mem, BAR_WIDTH), memory_legend(mem), Text("")]
+    parts += [links_line(sample), containers_line(sample)]
+    if alerts:
+        parts.append(Text(""))
+        for alert in alerts:
+            style = "bold red" if alert.severity == "critical" else "dark_orange"
+            parts.append(Text(f"⚠ {alert.text}", style=style))
+    return Group(*parts)
+
+
+class NodeCard(Static, can_focus=True):
+    """A node's card on the overview. Click or Enter opens its detail."""
+
+    class Selected(Message):
+        def __init__(self, node: str) -> None:
+            super().__init__()
+            self.node = node
+
+    def __init__(self, node: str, role: str, index: int, clock: Callable[[], float]) -> None:
+        super().__init__(id=f"card-{index}", classes="node-card")
+        self.node = node
+        self.role = role
+        self.index = index
+        self.clock = clock
+        self.border_title = f"[{index}] {node}"
+
+    def show(self, state: NodeState, alerts: list[Alert]) -> None:
+        self.update(card_renderable(state, self.role, self.clock(), alerts))
+        self.set_class(state.status is NodeStatus.DOWN, "-down")
+        self.set_class(state.status is NodeStatus.STALE, "-stale")
+        reasons = dict(state.sample.unknown) if state.sample else {}
+        if state.status is not NodeStatus.UP:
+            reasons = {"status": state.reason, **reasons}
+        self.tooltip = "\n".join(f"{k}: {v}" for k, v in reasons.items()) or None
+        self.border_subtitle = state.status.value
+
+    def on_click(self) -> None:
+        self.post_message(self.Selected(self.node))
