@@ -108,23 +108,30 @@ def config_search(explicit: str | os.PathLike[str] | None = None) -> Path | None
     return path if path.is_file() else None
 
 
-def _line_of(text: str, needle: str, start: int = 0) -> int:
-    idx = text.find(needle, start)
-    return text.count("\n", 0, idx) + 1 if idx >= 0 else 0
-
-
 def _where(path: str, text: str, key: str, index: int | None = None) -> str:
-    """``file:line`` for a key (best effort: TOML parsers do not keep positions)."""
-    start = 0
+    """``file:line`` of ``key`` (inside the ``index``-th ``[[nodes]]`` table when given).
+
+    tomllib keeps no positions, so the line is found again in the text: the first line that
+    assigns ``key`` in the right table, else the table's header line.
+    """
+    lines = text.splitlines()
+    start, end = 0, len(lines)
+    header_line = 0
     if index is not None:
-        for _ in range(index + 1):
-            pos = text.find("[[nodes]]", start)
-            if pos < 0:
-                break
-            start = pos + 1
-        start = max(start - 1, 0)
-    line = _line_of(text, key, start) or _line_of(text, "[[nodes]]", start)
-    return f"{path}:{line}" if line else path
+        seen = -1
+        for i, line in enumerate(lines):
+            if line.strip() == "[[nodes]]":
+                seen += 1
+                if seen == index:
+                    start, header_line = i + 1, i + 1
+                elif seen == index + 1:
+                    end = i
+                    break
+    pattern = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
+    for i in range(start, end):
+        if pattern.match(lines[i]) or lines[i].strip() == key:
+            return f"{path}:{i + 1}"
+    return f"{path}:{header_line}" if header_line else path
 
 
 def _opt_str(raw: Mapping[str, Any], key: str, where: str) -> str | None:

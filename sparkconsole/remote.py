@@ -38,7 +38,7 @@ def validate_model_id(value: str) -> str:
     parts = value.split("/")
     if (
         len(parts) != 2
-        or not all(_HF_PART.match(p) for p in parts)
+        or not all(_HF_PART.fullmatch(p) for p in parts)
         or any(".." in p or "--" in p for p in parts)
     ):
         raise ValidationError(f"not a valid Hugging Face repo id: {value!r} (expected owner/name)")
@@ -47,42 +47,42 @@ def validate_model_id(value: str) -> str:
 
 def validate_container(value: str) -> str:
     """Return ``value`` if it is a valid Docker container name or id."""
-    if not _CONTAINER.match(value):
+    if not _CONTAINER.fullmatch(value):
         raise ValidationError(f"not a valid container name: {value!r}")
     return value
 
 
 def validate_image(value: str) -> str:
     """Return ``value`` if it looks like a Docker image reference."""
-    if not _IMAGE.match(value) or ".." in value:
+    if not _IMAGE.fullmatch(value) or ".." in value:
         raise ValidationError(f"not a valid image reference: {value!r}")
     return value
 
 
 def validate_unit(value: str) -> str:
     """Return ``value`` if it is a valid systemd unit name."""
-    if not _UNIT.match(value) or value.startswith("-"):
+    if not _UNIT.fullmatch(value) or value.startswith("-"):
         raise ValidationError(f"not a valid systemd unit name: {value!r}")
     return value
 
 
 def validate_path(value: str) -> str:
     """Return ``value`` if it is an absolute (or ``~``) path with no surprises in it."""
-    if not _PATH.match(value) or any(part == ".." for part in value.split("/")):
+    if not _PATH.fullmatch(value) or any(part == ".." for part in value.split("/")):
         raise ValidationError(f"not an acceptable path: {value!r}")
     return value
 
 
 def validate_ifname(value: str) -> str:
     """Return ``value`` if it is a Linux network interface name."""
-    if not _IFNAME.match(value):
+    if not _IFNAME.fullmatch(value):
         raise ValidationError(f"not a valid interface name: {value!r}")
     return value
 
 
 def validate_host(value: str) -> str:
     """Return ``value`` if it is a host name, alias or address."""
-    if not _HOST.match(value):
+    if not _HOST.fullmatch(value):
         raise ValidationError(f"not a valid host name or address: {value!r}")
     return value
 
@@ -107,7 +107,7 @@ class RemoteCommand:
         if self.env:
             parts.append("env")
             for key, value in self.env:
-                if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
+                if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
                     raise ValidationError(f"not a valid environment variable name: {key!r}")
                 parts.append(shlex.quote(f"{key}={value}"))
         parts.extend(shlex.quote(a) for a in self.argv)
