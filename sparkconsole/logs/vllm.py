@@ -1,0 +1,1065 @@
+"""vLLM server-log phase parser: what a ``vllm serve`` is doing, read from its log.
+
+Pure Python (no Textual). The console feeds it whole lines from ``docker logs -f`` as they arrive
+(:class:`VllmLogTracker`); ``sparkconsole parse vllm-log`` calls :func:`parse_vllm_log` and prints
+:meth:`VllmLogReport.contract_dict`. Both go through the same code, so feeding a log line by line
+gives the same report as parsing it whole.
+
+What one physical line may hold, and what is undone before matching (see
+``research/vllm-log-phases.md`` §0):
+
+- ``\\r``-separated tqdm updates (each one is taken as its own record, same line number);
+- ANSI colour codes, also their residue without the ESC byte (``[1;36m`` in GitHub pastes);
+- outer prefixes, stacked and in any order: docker-compose ``name  | ``, ``docker logs -t`` / CI
+  timestamps, process tags ``(APIServer pid=N)``, ``(EngineCore_DP0 pid=N)``,
+  ``(RayWorkerWrapper pid=N, ip=A.B.C.D)`` (the ip is kept: ``remote_ips``, ``failure_node_ip``),
+  ``(VllmWorker rank=N pid=M)``, ``(pid=N, ip=…)``, Ray's ``(raylet)``; Ray's
+  `` [repeated Nx across cluster]`` suffix;
+- a progress bar and a log line sharing one physical line (``…42.01it/s](Worker_TP1 pid=1) INFO…``);
+- a prefix-only line (tqdm's bare newline) whose progress bar follows on the next, unprefixed line;
+- terminal hard-wrap: a bare line right after a long one is also matched joined to it.
+
+State rules (the ``vllm-log`` parse contract): ``starting`` until weight loading begins
+("Starting to load model", a shard bar, or anything that comes after it such as a Ray placement
+group wait, "Model loading took", the KV-cache lines, CUDA-graph capture), ``loading`` until
+"Application startup complete" (``ready``); ``failed`` once a fatal error or a Python traceback
+from the server, engine or workers appears (also logged frame by frame at ERROR level);
+``unknown`` when no vLLM line was recognised. The first root cause wins: a later "Engine core
+initialization failed" (a symptom) does not replace an earlier OOM. Generic markers (a traceback,
+"EngineCore failed to start") make the state ``failed`` with kind ``other`` until a specific cause
+(which in V1 is printed after them) is read.
+
+After ``ready``, a traceback alone (a bad request logged by the API server) does not turn the
+server ``failed``; a fatal signature (OOM, NCCL, Ray, "EngineCore encountered a fatal error",
+``EngineDeadError``) does. A new launch (a version line after loading had begun) starts a fresh
+report and counts ``restarts`` — ``docker logs -f`` of a restarting container shows several runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+State = Literal["starting", "loading", "ready", "failed", "unknown"]
+FailureKind = Literal["oom", "unsupported_architecture", "nccl", "ray", "other"]
+
+STATES: tuple[str, ...] = ("starting", "loading", "ready", "failed", "unknown")
+FAILURE_KINDS: tuple[str, ...] = ("oom", "unsupported_architecture", "nccl", "ray", "other")
+
+# Phase names for the UI timeline (``phase`` / ``phase_events``).
+PHASE_STARTING = "starting"
+PHASE_RAY_WAIT = "waiting for Ray placement group"
+PHASE_LOADING = "loading weights"
+PHASE_COMPILING = "compiling"
+PHASE_PROFILING = "profiling"
+PHASE_KV_CACHE = "allocating KV cache"
+PHASE_CUDA_GRAPHS = "capturing CUDA graphs"
+PHASE_API_SERVER = "starting API server"
+PHASE_READY = "ready"
+PHASE_FAILED = "failed"
+
+_PHASE_ORDER = {
+    phase: i
+    for i, phase in enumerate(
+        (
+            PHASE_STARTING,
+            PHASE_RAY_WAIT,
+            PHASE_LOADING,
+            PHASE_COMPILING,
+            PHASE_PROFILING,
+            PHASE_KV_CACHE,
+            PHASE_CUDA_GRAPHS,
+            PHASE_API_SERVER,
+            PHASE_READY,
+            PHASE_FAILED,
+        )
+    )
+}
+
+CONTRACT_KEYS: tuple[str, ...] = (
+    "state",
+    "failure_kind",
+    "shards_done",
+    "shards_total",
+    "model_load_gib",
+    "kv_cache_gib",
+    "kv_cache_tokens",
+    "max_concurrency",
+    "port",
+    "vllm_version",
+)
+
+_MAX_LINE = 65536  # longer physical lines are cut before matching (never raise, stay linear)
+_WRAP_MIN = 70  # a bare line after a physical line at least this long may be its hard-wrapped tail
+
+# --------------------------------------------------------------------------------------------
+# Envelope: ANSI, prefixes, suffixes, the vLLM record itself
+
+_ANSI = re.compile(
+    r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[()][A-Z0-9]|\x1b[=>78]"
+)
+_ANSI_RESIDUE = re.compile(r"\[\d{1,3}(?:;\d{1,3})*m|\[0?m")
+_COMPOSE = re.compile(r"[A-Za-z0-9][\w.-]*\s+\|(?:\s|$)")
+_TIMESTAMP = re.compile(
+    r"\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?(?:\s+|$)"
+)
+_QUOTE = re.compile(r"(?:▎|>)(?:\s|$)")
+_PROC = re.compile(
+    r"\((?P<name>[A-Za-z_]\w*(?:[ _](?:rank=\d+|TP\d+|DP\d+|PP\d+|EP\d+))*)?\s*"
+    r"pid=(?P<pid>\d+)(?:,\s*ip=(?P<ip>[0-9a-fA-F.:]+))?\)[ \t]?"
+)
+_RAYSYS = re.compile(
+    r"\((?:raylet|gcs_server|dashboard\w*|autoscaler[^)]{0,40}|monitor|log_monitor)"
+    r"(?:,\s*ip=(?P<ip>[0-9a-fA-F.:]+))?\)[ \t]?"
+)
+_TORCH_RANK = re.compile(r"\[rank\d+\]:")
+_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
+_RECORD = re.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
+    r"(?:\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}(?:\.\d+)?\s+)?"
+    r"\[?(?P<file>[\w./-]{1,200}\.py):(?P<lineno>\d+)\]\s?(?P<msg>.*)",
+    re.S,
+)
+_UVICORN = re.compile(r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+(?P<msg>.*)", re.S)
+_GLOG = re.compile(
+    r"\[?(?P<level>[EWIF])\d{4}\s+\d{2}:\d{2}:\d{2}(?:\.\d+)?\s+(?:\d+\s+)?[\w/.+-]{1,200}:\d+\]\s?(?P<msg>.*)",
+    re.S,
+)
+_GLOG_LEVELS = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}
+# a log record glued to the end of a progress bar: "...it/s]INFO 04-20 17:00:47 [x.py:1] ..."
+_GLUED_RECORD = re.compile(r"(?<=\])(?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d{2}-\d{2}\s)")
+# a named process tag in the middle of a line starts a new record
+_MID_PROC = re.compile(
+    r"\((?:[A-Za-z_]\w*(?:[ _](?:rank=\d+|TP\d+|DP\d+|PP\d+|EP\d+))*\s+)pid=\d+(?:,\s*ip=[0-9a-fA-F.:]+)?\)"
+)
+
+# --------------------------------------------------------------------------------------------
+# Phase and value lines (research §1)
+
+_API_VERSION = re.compile(r"vLLM API server version\s+(?P<v>\S+)")
+_SERVER_VERSION = re.compile(r"vLLM server version\s+(?P<v>[^\s,]+),\s*serving model\s+(?P<m>\S+)")
+_BANNER_VERSION = re.compile(r"(?:^|\s)version\s+(?P<v>\d+\.\d+\S*)\s*$")
+_BANNER_MODEL = re.compile(r"(?:^|\s)model\s+(?P<m>[^\s'\"]+)\s*$")
+_BANNER_ART = re.compile(r"[█▀▄]")
+_ENGINE_VERSION = re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v(?P<v>[^)\s]+)\)")
+_CONFIG_MODEL = re.compile(r"with config: model='(?P<m>[^']+)'")
+_ARGS_MODEL = re.compile(
+    r"(?:non-default args: \{.*?'model': '(?P<m1>[^']+)'|args: Namespace\(.*?\bmodel='(?P<m2>[^']+)')"
+)
+_ARGS_MODEL_TAG = re.compile(r"non-default args: \{.*?'model_tag': '(?P<m>[^']+)'")
+_START_LOAD = re.compile(r"Starting to load model (?P<m>.+?)(?:\.\.\.)?\s*$")
+_ARCH = re.compile(r"Resolved architecture: (?P<a>\w+)")
+_MAX_LEN = re.compile(r"Using max model len (?P<n>\d+)")
+_SHARD_BAR = re.compile(
+    r"(?P<desc>(?:Multi-thread l|L)oading [^:|\n]{0,80}?"
+    r"(?:checkpoint shards(?: \(eager\))?|loader|Streamer|shards)):\s+(?P<pct>\d+)%\s+Completed\s*\|\s*"
+    r"(?P<n>\d+)/(?P<total>\d+)\s+\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+),\s*(?P<rate>[^\]]{0,40})\]"
+)
+_GRAPH_BAR = re.compile(
+    r"Capturing CUDA graphs?(?: shapes)?(?: \((?P<mode>[^,()]{1,60}),\s*(?P<rt>[A-Z_]+)\))?:\s*"
+    r"(?P<pct>\d+)%\s*\|[^|]{0,400}\|\s*(?P<n>\d+)/(?P<total>\d+)"
+)
+_GRAPH_START = re.compile(r"Capturing (?:the model for CUDA graphs|cudagraphs for decoding)")
+_GRAPH_DONE = re.compile(r"Graph capturing finished in (?P<sec>\d+(?:\.\d+)?) secs?")
+_WEIGHTS_TOOK = re.compile(r"Loading weights took (?P<sec>[\d.]+) seconds")
+_MODEL_LOADING = re.compile(
+    r"(?:Model loading took|Loading model weights took) (?P<gib>\d+(?:\.\d+)?) ?(?P<unit>GiB|GB)"
+    r"(?:\s+memory)?(?:\s+and (?P<sec>\d+(?:\.\d+)?) seconds)?"
+)
+_COMPILE = re.compile(
+    r"for vLLM's torch\.compile|Dynamo bytecode transform time|Compiling a graph for|"
+    r"Start compiling|Directly load the compiled graph|torch\.compile is turned on"
+)
+_COMPILE_DONE = re.compile(r"torch\.compile (?:takes|took) (?P<sec>[\d.]+) s in total")
+_PROFILING = re.compile(
+    r"Memory profiling takes|Profiling CUDA graph memory|Estimated CUDA graph memory|"
+    r"Memory profiling results:"
+)
+_KV_GIB = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) ?GiB")
+_KV_GIB_V06 = re.compile(r"\bkv_cache_size=(?P<gib>[\d.]+)GiB")
+_KV_GIB_V0 = re.compile(r"the rest of the memory reserved for KV Cache is (?P<gib>[\d.]+) ?GiB")
+_KV_TOKENS = re.compile(r"KV cache size: (?P<tok>\d[\d,]*) tokens")
+_CONCURRENCY = re.compile(
+    r"Maximum concurrency for (?P<len>\d[\d,]*) tokens per request: (?P<x>\d+(?:\.\d+)?)x"
+)
+_GPU_BLOCKS = re.compile(r"# (?:GPU|cuda|CUDA|gpu) blocks: (?P<n>\d+)")
+_INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<sec>[\d.]+) s")
+_LISTEN = re.compile(
+    r"Starting vLLM (?:API )?server(?: \d+)? on (?P<url>(?P<scheme>https?)://(?P<host>\[[^\]\s]+\]|[^:\s/]+):(?P<port>\d{1,5}))"
+)
+_READY = re.compile(r"Application startup complete")
+_RAY_WAIT = re.compile(r"Waiting for creating a placement group")
+_RAY_CONNECT = re.compile(
+    r"Connecting to existing Ray cluster|Connected to Ray cluster|Started a local Ray instance|"
+    r"placement group|use_ray_spmd_worker"
+)
+_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (?P<n>\d+)")
+_KV_NEEDED = re.compile(
+    r"max seq len \((?P<len>\d+)\),?\s*\(?(?P<need>[\d.]+) GiB KV cache is needed,\s*which is larger than "
+    r"the available KV cache memory \((?P<avail>[\d.]+) GiB\)"
+)
+_V0_KV_SMALL = re.compile(
+    r"max seq len \((?P<len>\d+)\) is larger than the maximum number of tokens that can be stored in KV cache "
+    r"\((?P<n>\d+)\)"
+)
+_ARCH_LIST = re.compile(r"Model architectures (?P<l>\[[^\]]*\]) (?:are not supported|failed to be inspected)")
+_ARCH_INSPECT = re.compile(r"Error in inspecting model architecture '(?P<a>[^']+)'")
+_MODEL_TYPE = re.compile(r"has model type `(?P<t>[^`]+)` but Transformers does not recognize")
+_QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
+
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
+_BARE_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.){0,6}[A-Z]\w*(?:Error|Exception)(?::\s|:?$)")
+_SOURCE_LINE = re.compile(r"^(?:raise\b|File \"|[\^~]+$|except\b|if\b|return\b|self\.|assert\b)")
+
+# Failure signatures (research §2). Order matters within a line: the first that matches names it.
+_KIND_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "oom",
+        re.compile(
+            r"CUDA out of memory|OutOfMemoryError|CUDA (?:driver )?error: out of memory|NV_ERR_NO_MEMORY|"
+            r"KV cache is needed, which is larger than the available KV cache memory|"
+            r"To serve at least one request with the models?'s max seq len|"
+            r"No available memory for the cache blocks|"
+            r"is larger than the maximum number of tokens that can be stored in KV cache|"
+            r"on startup is less than (?:desired GPU memory utilization|the engine's budget)|"
+            r"\bout of memory\b",
+            re.I,
+        ),
+    ),
+    (
+        "unsupported_architecture",
+        re.compile(
+            r"Model architectures .{0,400}?(?:are not supported|failed to be inspected)|"
+            r"Error in inspecting model architecture|"
+            r"Transformers does not recognize this architecture"
+        ),
+    ),
+    (
+        "nccl",
+        re.compile(
+            r"Watchdog caught collective operation timeout|NCCL watchdog thread terminated|\bNCCL error\b|"
+            r"nccl(?:System|Internal|Remote|UnhandledCuda|InvalidUsage|InvalidArgument)Error|"
+            r"DistStoreError|DistNetworkError|NCCL WARN.*(?:[Cc]onnect|[Tt]imeout|timed out)|"
+            r"connectFullMesh failed",
+            re.I,
+        ),
+    ),
+    (
+        "ray",
+        re.compile(
+            r"Cannot provide a placement group|Current node has no GPU available|"
+            r"The actor died unexpectedly|RayActorError|ActorDiedError|ActorUnavailableError"
+        ),
+    ),
+    (
+        "other",
+        re.compile(
+            r"SafetensorError|nvidia-container-cli: initialization error|Failed to initialize NVML|"
+            r"CUDA error: operation not permitted|no kernel image is available|"
+            r"current platform None does not support|No CUDA GPUs are available|"
+            r"CUDA driver version is insufficient|Could not load any common_ops library"
+        ),
+    ),
+)
+# Symptoms: they mean "failed", but the root cause is elsewhere (usually printed just after).
+_GENERIC_FATAL = re.compile(
+    r"EngineCore failed to start|Engine core initialization failed|EngineCore encountered a fatal error|"
+    r"EngineDeadError|Error executing method|WorkerProc failed to start|Engine process failed to start|"
+    r"Worker failed with error"
+)
+# Of the symptoms, those that also end a server that was already ready.
+_FATAL_AFTER_READY = re.compile(
+    r"EngineCore encountered a fatal error|EngineDeadError|Engine core .{0,40}died"
+)
+_PY_WARNING = re.compile(r"\b\w*Warning:|warnings\.warn\(|^\s*warn\(")
+
+_NOT_FAILURE_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+@dataclass(frozen=True)
+class VllmLogReport:
+    """What a vLLM log says, at the time it was built. ``None`` means "not read"."""
+
+    # the contract (``contract_dict``)
+    state: State = "unknown"
+    failure_kind: FailureKind | None = None
+    shards_done: int | None = None
+    shards_total: int | None = None
+    model_load_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    port: int | None = None
+    vllm_version: str | None = None
+    # extras for the console
+    phase: str | None = None
+    compiling: bool = False
+    model: str | None = None
+    architecture: str | None = None
+    unsupported_architectures: tuple[str, ...] = ()
+    unsupported_model_type: str | None = None
+    max_model_len: int | None = None
+    listen_url: str | None = None
+    shard_desc: str | None = None
+    shard_percent: int | None = None
+    shard_elapsed_s: int | None = None
+    shard_eta_s: int | None = None
+    shard_rate: str | None = None
+    shard_seconds_per_it: float | None = None
+    weights_seconds: float | None = None
+    load_seconds: float | None = None
+    compile_seconds: float | None = None
+    cuda_graph_done: int | None = None
+    cuda_graph_total: int | None = None
+    cuda_graph_mode: str | None = None
+    cuda_graph_seconds: float | None = None
+    init_engine_seconds: float | None = None
+    gpu_blocks: int | None = None
+    kv_cache_needed_gib: float | None = None
+    estimated_max_model_len: int | None = None
+    remote_ips: tuple[str, ...] = ()
+    failure_line: str | None = None
+    failure_line_no: int | None = None
+    failure_node_ip: str | None = None
+    advice: str | None = None
+    phase_events: tuple[tuple[str, int], ...] = ()
+    restarts: int = 0
+    lines: int = 0
+
+    def contract_dict(self) -> dict[str, Any]:
+        """Exactly the ``sparkconsole parse vllm-log`` JSON object."""
+        return {key: getattr(self, key) for key in CONTRACT_KEYS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready (tuples become lists)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "phase_events":
+                value = [[phase, line_no] for phase, line_no in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @property
+    def shard_fraction(self) -> float | None:
+        if self.shards_done is None or not self.shards_total:
+            return None
+        return min(1.0, self.shards_done / self.shards_total)
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _num(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _clock_seconds(text: str | None) -> int | None:
+    """tqdm's ``MM:SS`` / ``H:MM:SS`` -> seconds; ``?`` -> None."""
+    if not text or "?" in text:
+        return None
+    total = 0
+    for part in text.split(":"):
+        if not part.isdigit():
+            return None
+        total = total * 60 + int(part)
+    return total
+
+
+def _seconds_per_it(rate: str | None) -> float | None:
+    if not rate:
+        return None
+    m = re.match(r"\s*(\d+(?:\.\d+)?)\s*(s/it|it/s)", rate)
+    if not m:
+        return None
+    value = float(m.group(1))
+    if m.group(2) == "s/it":
+        return value
+    return 1.0 / value if value > 0 else None
+
+
+def _strip_ansi(text: str) -> str:
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if "[" in text and "m" in text:
+        text = _ANSI_RESIDUE.sub("", text)
+    return text
+
+
+@dataclass
+class _Prefixes:
+    rest: str
+    has_process: bool
+    ip: str | None
+
+
+def _strip_prefixes(text: str) -> _Prefixes:
+    """Remove every outer prefix, outermost first, however they are stacked."""
+    has_process = False
+    ip: str | None = None
+    while True:
+        stripped = text.lstrip(" \t") if has_process else text
+        for pattern in (_COMPOSE, _TIMESTAMP, _QUOTE):
+            m = pattern.match(stripped)
+            if m:
+                text = stripped[m.end() :]
+                break
+        else:
+            m = _PROC.match(stripped) or _RAYSYS.match(stripped)
+            if m:
+                has_process = True
+                ip = m.group("ip") or ip
+                text = stripped[m.end() :]
+                continue
+            m = _TORCH_RANK.match(stripped)
+            if m:
+                text = stripped[m.end() :]
+                continue
+            return _Prefixes(text, has_process, ip)
+
+
+def _split_segments(physical: str) -> list[str]:
+    """One physical line -> the records it holds (``\\r`` updates, glued bar + log line)."""
+    out: list[str] = []
+    for part in physical.split("\r"):
+        if not part.strip():
+            continue
+        part = _strip_ansi(part)
+        pieces = [part]
+        if "]" in part and ("INFO" in part or "WARN" in part or "ERROR" in part or "DEBUG" in part):
+            pieces = _GLUED_RECORD.split(part)
+        for piece in pieces:
+            starts = [m.start() for m in _MID_PROC.finditer(piece)]
+            cuts = [0]
+            for pos in starts:
+                if pos == 0:
+                    continue
+                before = piece[:pos]
+                # stacked prefixes ("(EngineCore_DP0 pid=1) (RayWorkerWrapper pid=2) ...") stay together
+                if not _strip_prefixes(before).rest.strip():
+                    continue
+                cuts.append(pos)
+            cuts.append(len(piece))
+            for a, b in itertools.pairwise(cuts):
+                if piece[a:b].strip():
+                    out.append(piece[a:b])
+    return out
+
+
+def _names_in_list(text: str) -> tuple[str, ...]:
+    return tuple(a or b for a, b in _QUOTED.findall(text))
+
+
+# --------------------------------------------------------------------------------------------
+# Tracker
+
+
+class VllmLogTracker:
+    """Incremental vLLM log reader: ``feed`` lines as they come, read ``report`` any time."""
+
+    def __init__(self) -> None:
+        self._line_no = 0
+        self._restarts = 0
+        self._prev_msg: str | None = None  # last bare/record message, for hard-wrap joins
+        self._prev_physical_len = 0
+        self._prev_was_bar = False
+        self._prev_level: str | None = None
+        self._pending_ip: str | None = None  # ip of a prefix-only line, for the bar after it
+        self._cached: VllmLogReport | None = None
+        self._reset_run()
+
+    # -- run state -------------------------------------------------------------------------
+    def _reset_run(self) -> None:
+        self._seen = False
+        self._level = 0  # 0 starting, 1 loading, 2 ready
+        self._failed = False
+        self._kind: str | None = None
+        self._kind_locked = False  # a specific root cause was read
+        self._failure_line: str | None = None
+        self._failure_line_no: int | None = None
+        self._failure_ip: str | None = None
+        self._phase: str | None = None
+        self._events: list[tuple[str, int]] = []
+        self._v: dict[str, Any] = {}
+        self._version_rank = 0
+        self._model_rank = 0
+        self._remote_ips: list[str] = []
+        self._unsupported: list[str] = []
+
+    # -- public ----------------------------------------------------------------------------
+    def feed(self, line: str) -> None:
+        """One physical line (a trailing newline is fine; embedded newlines are split)."""
+        if not isinstance(line, str):
+            line = str(line)
+        if line.endswith("\n"):
+            line = line[:-1]
+        if "\n" in line:
+            for part in line.split("\n"):
+                self._feed_physical(part)
+        else:
+            self._feed_physical(line)
+
+    def feed_text(self, text: str) -> None:
+        """Several whole lines; a last line without a newline is taken as complete."""
+        if not text:
+            return
+        if text.endswith("\n"):
+            text = text[:-1]
+        for part in text.split("\n"):
+            self._feed_physical(part)
+
+    def feed_lines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.feed(line)
+
+    @property
+    def report(self) -> VllmLogReport:
+        if self._cached is None:
+            self._cached = self._build()
+        return self._cached
+
+    # -- per line --------------------------------------------------------------------------
+    def _feed_physical(self, physical: str) -> None:
+        self._line_no += 1
+        self._cached = None
+        if len(physical) > _MAX_LINE:
+            physical = physical[:_MAX_LINE]
+        segments = _split_segments(physical)
+        single = len(segments) == 1 and "\r" not in physical
+        for seg in segments:
+            self._feed_record(seg, allow_join=single)
+        self._prev_physical_len = len(physical)
+
+    def _feed_record(self, raw: str, *, allow_join: bool) -> None:
+        pre = _strip_prefixes(raw)
+        rest = _REPEATED.sub("", pre.rest)
+        ip = pre.ip
+        if pre.has_process:
+            self._seen = True
+        if not rest.strip():
+            # a prefix-only line: tqdm's bare newline; the next unprefixed line is this process's
+            self._pending_ip = ip if pre.has_process else None
+            return
+        if not pre.has_process and self._pending_ip:
+            ip = self._pending_ip
+        self._pending_ip = None
+        if ip and ip not in self._remote_ips:
+            self._remote_ips.append(ip)
+
+        level: str | None = None
+        msg = rest
+        m = _RECORD.match(rest)
+        if m:
+            level, msg = m.group("level"), m.group("msg")
+            self._seen = True
+        else:
+            m = _GLOG.match(rest) or _UVICORN.match(rest)
+            if m:
+                level = m.group("level")
+                level = _GLOG_LEVELS.get(level, level)
+                msg = m.group("msg")
+
+        is_bar = bool(_SHARD_BAR.search(msg) or _GRAPH_BAR.search(msg))
+        self._handle(msg, level=level, ip=ip, has_process=pre.has_process)
+
+        # hard wrap: a bare line right after a long one may be its tail
+        joined = False
+        if (
+            allow_join
+            and not pre.has_process
+            and level is None
+            and not is_bar
+            and not self._prev_was_bar
+            and self._prev_msg is not None
+            and self._prev_physical_len >= _WRAP_MIN
+            and not msg.startswith((" ", "\t"))
+        ):
+            whole = self._prev_msg + msg
+            self._handle(whole, level=self._prev_level, ip=ip, has_process=False, rejoined=True)
+            self._prev_msg = whole
+            joined = True
+        if not joined:
+            self._prev_msg = msg
+            self._prev_level = level
+        self._prev_was_bar = is_bar
+
+    # -- matching --------------------------------------------------------------------------
+    def _handle(
+        self, msg: str, *, level: str | None, ip: str | None, has_process: bool, rejoined: bool = False
+    ) -> None:
+        text = msg.strip()
+        if not text:
+            return
+        v = self._v
+
+        # launch / version lines (a new launch after loading began is a restart)
+        version: str | None = None
+        rank = 0
+        m = _API_VERSION.search(text)
+        if m:
+            version, rank = m.group("v"), 3
+        else:
+            m = _SERVER_VERSION.search(text)
+            if m:
+                version, rank = m.group("v"), 3
+                self._set_model(m.group("m"), 3)
+            elif _BANNER_ART.search(text):
+                m = _BANNER_VERSION.search(text)
+                if m:
+                    version, rank = m.group("v"), 3
+        if version is not None:
+            if not rejoined and (self._level >= 1 or self._failed):
+                self._restarts += 1
+                self._reset_run()
+                v = self._v
+            self._seen = True
+            if rank >= self._version_rank:
+                v["vllm_version"] = version
+                self._version_rank = rank
+            self._enter_phase(PHASE_STARTING)
+        m = _ENGINE_VERSION.search(text)
+        if m:
+            self._seen = True
+            if self._version_rank <= 1:
+                v["vllm_version"] = m.group("v")
+                self._version_rank = 1
+            cm = _CONFIG_MODEL.search(text)
+            if cm:
+                self._set_model(cm.group("m"), 1)
+        if _BANNER_ART.search(text):
+            m = _BANNER_MODEL.search(text)
+            if m:
+                self._seen = True
+                self._set_model(m.group("m"), 3)
+        if "args" in text:
+            m = _ARGS_MODEL.search(text)
+            if m:
+                self._seen = True
+                self._set_model(m.group("m1") or m.group("m2"), 2)
+            else:
+                m = _ARGS_MODEL_TAG.search(text)
+                if m:
+                    self._seen = True
+                    self._set_model(m.group("m"), 2)
+        m = _ARCH.search(text)
+        if m:
+            self._seen = True
+            v["architecture"] = m.group("a")
+        m = _MAX_LEN.search(text)
+        if m:
+            v["max_model_len"] = int(m.group("n"))
+
+        # Ray / placement group: counts as loading (the contract)
+        if _RAY_WAIT.search(text):
+            self._seen = True
+            self._to_loading()
+            self._enter_phase(PHASE_RAY_WAIT)
+        elif _RAY_CONNECT.search(text):
+            self._seen = True
+
+        # weight loading
+        m = _START_LOAD.search(text)
+        if m:
+            self._seen = True
+            self._set_model(m.group("m").strip(), 1)
+            self._to_loading()
+            self._enter_phase(PHASE_LOADING)
+        m = _SHARD_BAR.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            self._enter_phase(PHASE_LOADING)
+            n, total = int(m.group("n")), int(m.group("total"))
+            if v.get("shards_total") != total:
+                v["shards_total"] = total
+                v["shards_done"] = n
+            else:
+                v["shards_done"] = max(v.get("shards_done") or 0, n)
+            v["shard_desc"] = m.group("desc")
+            v["shard_percent"] = int(m.group("pct"))
+            v["shard_elapsed_s"] = _clock_seconds(m.group("elapsed"))
+            v["shard_eta_s"] = _clock_seconds(m.group("remaining"))
+            rate = m.group("rate").strip()
+            v["shard_rate"] = rate or None
+            v["shard_seconds_per_it"] = _seconds_per_it(rate)
+        m = _WEIGHTS_TOOK.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["weights_seconds"] = _num(m.group("sec"))
+        m = _MODEL_LOADING.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["model_load_gib"] = _num(m.group("gib"))
+            if m.group("sec"):
+                v["load_seconds"] = _num(m.group("sec"))
+
+        # compile / profile / KV cache / CUDA graphs
+        if _COMPILE.search(text):
+            self._seen = True
+            self._to_loading()
+            self._enter_phase(PHASE_COMPILING)
+        m = _COMPILE_DONE.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["compile_seconds"] = _num(m.group("sec"))
+            if self._phase == PHASE_COMPILING:
+                self._enter_phase(PHASE_PROFILING)
+        if _PROFILING.search(text):
+            self._seen = True
+            self._to_loading()
+            self._enter_phase(PHASE_PROFILING)
+        m = _KV_GIB.search(text) or _KV_GIB_V06.search(text) or _KV_GIB_V0.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["kv_cache_gib"] = _num(m.group("gib"))
+            self._enter_phase(PHASE_KV_CACHE)
+        m = _KV_TOKENS.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["kv_cache_tokens"] = _int(m.group("tok"))
+            self._enter_phase(PHASE_KV_CACHE)
+        m = _CONCURRENCY.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["max_concurrency"] = _num(m.group("x"))
+            self._enter_phase(PHASE_KV_CACHE)
+        m = _GPU_BLOCKS.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["gpu_blocks"] = int(m.group("n"))
+        m = _GRAPH_BAR.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            self._enter_phase(PHASE_CUDA_GRAPHS)
+            v["cuda_graph_done"] = int(m.group("n"))
+            v["cuda_graph_total"] = int(m.group("total"))
+            mode = m.group("mode")
+            v["cuda_graph_mode"] = f"{mode.strip()}, {m.group('rt')}" if mode else None
+        elif _GRAPH_START.search(text):
+            self._seen = True
+            self._to_loading()
+            self._enter_phase(PHASE_CUDA_GRAPHS)
+        m = _GRAPH_DONE.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["cuda_graph_seconds"] = _num(m.group("sec"))
+        m = _INIT_ENGINE.search(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["init_engine_seconds"] = _num(m.group("sec"))
+            self._enter_phase(PHASE_API_SERVER)
+
+        # listening, ready
+        m = _LISTEN.match(text)
+        if m:
+            self._seen = True
+            self._to_loading()
+            v["port"] = int(m.group("port"))
+            v["listen_url"] = m.group("url")
+            self._enter_phase(PHASE_API_SERVER)
+        if _READY.search(text) and (level is not None or text.startswith("Application startup complete")):
+            self._seen = True
+            if not self._failed:
+                self._level = 2
+                self._enter_phase(PHASE_READY)
+
+        # failure details (read whatever the line is)
+        m = _ESTIMATED_LEN.search(text)
+        if m:
+            v["estimated_max_model_len"] = int(m.group("n"))
+        m = _KV_NEEDED.search(text)
+        if m:
+            v["kv_cache_needed_gib"] = _num(m.group("need"))
+            v.setdefault("kv_cache_gib", _num(m.group("avail")))
+            v.setdefault("max_model_len", int(m.group("len")))
+        m = _V0_KV_SMALL.search(text)
+        if m:
+            v["estimated_max_model_len"] = int(m.group("n"))
+            v.setdefault("max_model_len", int(m.group("len")))
+
+        self._check_failure(text, msg, level=level, ip=ip)
+
+    def _check_failure(self, text: str, msg: str, *, level: str | None, ip: str | None) -> None:
+        if level in _NOT_FAILURE_LEVELS:
+            return
+        if _PY_WARNING.search(text) and not _TRACEBACK.match(text):
+            return
+        if msg[:1] in (" ", "\t") and _SOURCE_LINE.match(text):
+            return  # a traceback's source line (`raise ValueError(f"...")`), not the error itself
+        if text.startswith(('File "', "raise ")):
+            return
+        ready = self._level >= 2
+
+        for kind, pattern in _KIND_SIGNATURES:
+            if pattern.search(text):
+                self._seen = True
+                if kind == "unsupported_architecture":
+                    self._note_architectures(text)
+                self._fail(kind, text, ip, specific=True)
+                return
+        if _GENERIC_FATAL.search(text):
+            self._seen = True
+            if not ready or _FATAL_AFTER_READY.search(text):
+                self._fail("other", text, ip, specific=False)
+            return
+        if _TRACEBACK.match(text):
+            if not ready:
+                self._fail("other", text, ip, specific=False)
+            return
+        if not ready and _BARE_EXCEPTION.match(text) and not msg[:1].isspace():
+            # the exception line that ends a traceback (or a bare one users paste): a root cause
+            self._fail("other", text, ip, specific=True)
+
+    def _note_architectures(self, text: str) -> None:
+        m = _ARCH_LIST.search(text)
+        names: tuple[str, ...] = ()
+        if m:
+            names = _names_in_list(m.group("l"))
+        else:
+            m2 = _ARCH_INSPECT.search(text)
+            if m2:
+                names = (m2.group("a"),)
+        for name in names:
+            if name not in self._unsupported:
+                self._unsupported.append(name)
+        m3 = _MODEL_TYPE.search(text)
+        if m3:
+            self._v.setdefault("unsupported_model_type", m3.group("t"))
+
+    def _fail(self, kind: str, text: str, ip: str | None, *, specific: bool) -> None:
+        if self._kind_locked:
+            return
+        first = not self._failed
+        self._failed = True
+        if specific or first:
+            self._kind = kind
+            self._failure_line = text
+            self._failure_line_no = self._line_no
+            self._failure_ip = ip
+        elif ip and not self._failure_ip:
+            self._failure_ip = ip
+        if specific:
+            self._kind_locked = True
+        self._enter_phase(PHASE_FAILED)
+
+    # -- state -----------------------------------------------------------------------------
+    def _to_loading(self) -> None:
+        self._seen = True
+        if self._level < 1:
+            self._level = 1
+
+    def _enter_phase(self, phase: str) -> None:
+        """Move the timeline forward (phases never go back; ``failed`` ends it)."""
+        if self._failed and phase != PHASE_FAILED:
+            return
+        if self._phase == phase:
+            return
+        if self._phase is not None and _PHASE_ORDER[phase] < _PHASE_ORDER[self._phase]:
+            return
+        self._phase = phase
+        self._events.append((phase, self._line_no))
+
+    def _set_model(self, model: str | None, rank: int) -> None:
+        if not model:
+            return
+        if rank >= self._model_rank:
+            self._v["model"] = model
+            self._model_rank = rank
+
+    # -- report ----------------------------------------------------------------------------
+    def _build(self) -> VllmLogReport:
+        v = self._v
+        if not self._seen:
+            state: str = "unknown"
+        elif self._failed:
+            state = "failed"
+        else:
+            state = ("starting", "loading", "ready")[self._level]
+        phase = self._phase
+        if state == "unknown":
+            phase = None
+        elif phase is None:
+            phase = PHASE_STARTING if state == "starting" else PHASE_LOADING
+        values = {k: v.get(k) for k in _VALUE_KEYS}
+        report = VllmLogReport(
+            state=state,  # type: ignore[arg-type]
+            failure_kind=self._kind if self._failed else None,  # type: ignore[arg-type]
+            phase=phase,
+            compiling=phase == PHASE_COMPILING,
+            unsupported_architectures=tuple(self._unsupported),
+            remote_ips=tuple(self._remote_ips),
+            failure_line=self._failure_line if self._failed else None,
+            failure_line_no=self._failure_line_no if self._failed else None,
+            failure_node_ip=self._failure_ip if self._failed else None,
+            phase_events=tuple(self._events),
+            restarts=self._restarts,
+            lines=self._line_no,
+            **values,
+        )
+        advice = advise(report) if self._failed else None
+        if advice is None:
+            return report
+        return replace(report, advice=advice)
+
+
+_VALUE_KEYS = (
+    "shards_done",
+    "shards_total",
+    "model_load_gib",
+    "kv_cache_gib",
+    "kv_cache_tokens",
+    "max_concurrency",
+    "port",
+    "vllm_version",
+    "model",
+    "architecture",
+    "unsupported_model_type",
+    "max_model_len",
+    "listen_url",
+    "shard_desc",
+    "shard_percent",
+    "shard_elapsed_s",
+    "shard_eta_s",
+    "shard_rate",
+    "shard_seconds_per_it",
+    "weights_seconds",
+    "load_seconds",
+    "compile_seconds",
+    "cuda_graph_done",
+    "cuda_graph_total",
+    "cuda_graph_mode",
+    "cuda_graph_seconds",
+    "init_engine_seconds",
+    "gpu_blocks",
+    "kv_cache_needed_gib",
+    "estimated_max_model_len",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Advice: the next step, in plain words
+
+
+def advise(report: VllmLogReport) -> str | None:
+    """A plain-words next step for a failed run (``None`` when it did not fail)."""
+    kind = report.failure_kind
+    line = report.failure_line or ""
+    if kind is None:
+        return None
+    if kind == "oom":
+        if report.estimated_max_model_len is not None:
+            return (
+                "The KV cache is too small for one request of the configured context. vLLM estimates "
+                f"the longest context that fits is {report.estimated_max_model_len} tokens: start with "
+                f"--max-model-len {report.estimated_max_model_len} (or lower), or raise "
+                "--gpu-memory-utilization if the node has memory to spare."
+            )
+        if "on startup is less than" in line:
+            return (
+                "Less memory was free at startup than --gpu-memory-utilization asks for. On a DGX Spark "
+                "memory is shared with the OS and the page cache: stop other models on the node, drop "
+                "the page cache (`sync; echo 3 > /proc/sys/vm/drop_caches`), or lower "
+                "--gpu-memory-utilization."
+            )
+        return (
+            "Out of memory. Lower --gpu-memory-utilization or --max-model-len, drop the page cache "
+            "(`sync; echo 3 > /proc/sys/vm/drop_caches`) and stop other models on the node, or spread "
+            "the model over more nodes with tensor parallelism (--tensor-parallel-size)."
+        )
+    if kind == "unsupported_architecture":
+        archs = list(report.unsupported_architectures)
+        what = ", ".join(archs) or (
+            f"model type {report.unsupported_model_type}" if report.unsupported_model_type else "this model"
+        )
+        text = f"This image's vLLM does not know {what}. Pick an image whose vLLM supports it"
+        if any(a.startswith("Qwen3_5") for a in archs) or "qwen3_5" in (report.unsupported_model_type or ""):
+            text += " (Qwen3.5 needs vLLM 0.17 or newer; some 0.16 builds)"
+        text += "."
+        if "failed to be inspected" in line or "Error in inspecting" in line:
+            text += (
+                " 'Failed to be inspected' is usually an import or environment error in the image, not an "
+                "unknown model: read the traceback above it."
+            )
+        return text
+    if kind == "nccl":
+        where = f" (node {report.failure_node_ip})" if report.failure_node_ip else ""
+        return (
+            f"The NCCL link between nodes failed or hung{where}. Check that NCCL_SOCKET_IFNAME and "
+            "GLOO_SOCKET_IFNAME name the ConnectX-7 netdev (see `ibdev2netdev`), that the link is Up on "
+            "both nodes and they ping each other over it, and that both nodes run the same image."
+        )
+    if kind == "ray":
+        return (
+            "Ray could not place the workers. Run `ray status`: every node must be listed with its GPU "
+            "visible, and no other model may still hold the placement group (stop it first); the "
+            "tensor-parallel size must not exceed the GPUs in the cluster."
+        )
+    if (
+        "NVML" in line
+        or "nvidia-container-cli" in line
+        or "operation not permitted" in line
+        or "platform None" in line
+    ):
+        return (
+            "The container cannot see the GPU (NVML / driver). Check `nvidia-smi` on the host (driver "
+            "loaded after a kernel upgrade?) and restart the container."
+        )
+    if "no kernel image is available" in line:
+        return "This build has no kernels for the GB10 (sm_121): use an image built for DGX Spark."
+    if "SafetensorError" in line:
+        return (
+            "A weight file is damaged or incomplete: verify the download (sizes, hashes) and copy it again."
+        )
+    return "The server failed to start: the first error above (failure_line) is the root cause."
+
+
+def parse_vllm_log(text: str) -> VllmLogReport:
+    """Read a whole vLLM log (any version 0.6 -> today). Never raises on odd input."""
+    tracker = VllmLogTracker()
+    tracker.feed_text(text if isinstance(text, str) else str(text))
+    return tracker.report
+
+
+__all__ = [
+    "CONTRACT_KEYS",
+    "FAILURE_KINDS",
+    "STATES",
+    "VllmLogReport",
+    "VllmLogTracker",
+    "advise",
+    "parse_vllm_log",
+]
