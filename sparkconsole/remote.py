@@ -153,14 +153,51 @@ def systemctl_action(action: str, unit: str) -> RemoteCommand:
     return command("sudo", "-n", "systemctl", action, name, mutating=True, summary=f"systemctl {action} {name}")
 
 
-def docker_logs(container: str, tail: int = 200, follow: bool = True, timestamps: bool = False) -> RemoteCommand:
-    argv = ["docker", "logs", "--tail", str(int(tail))]
+# What ``docker logs --since`` accepts: an RFC 3339 time (as ``docker logs -t`` prints it), a
+# Unix time with optional fraction, or a relative duration such as ``10m`` / ``1h30m``.
+_SINCE = re.compile(
+    r"^(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)"
+    r"|\d{1,12}(?:\.\d{1,9})?"
+    r"|(?:\d{1,6}(?:ns|us|ms|s|m|h))+)$"
+)
+
+
+def validate_since(value: str) -> str:
+    """Return ``value`` if ``docker logs --since`` reads it as a time (RFC 3339, Unix, or ``10m``)."""
+    if not _SINCE.fullmatch(value):
+        raise ValidationError(f"not a valid --since time: {value!r}")
+    return value
+
+
+def docker_logs(
+    container: str,
+    tail: int | None = 200,
+    follow: bool = True,
+    timestamps: bool = False,
+    since: str | None = None,
+) -> RemoteCommand:
+    """``docker logs [--tail N|all] [-f] [-t] [--since T] NAME`` (``tail=None``: every line)."""
+    argv = ["docker", "logs", "--tail", "all" if tail is None else str(int(tail))]
     if follow:
         argv.append("-f")
     if timestamps:
         argv.append("-t")
+    if since is not None:
+        argv += ["--since", validate_since(since)]
     argv.append(validate_container(container))
     return command(*argv)
+
+
+SYSTEMCTL_SHOW_PROPS = ("Id", "LoadState", "ActiveState", "SubState")
+
+
+def systemctl_show(units: list[str] | tuple[str, ...]) -> RemoteCommand:
+    """``systemctl show -p Id,LoadState,ActiveState,SubState UNIT...``: every unit's state in one
+    read-only command (blocks of ``Key=value`` lines separated by a blank line, in order)."""
+    if not units:
+        raise ValidationError("systemctl show needs at least one unit")
+    names = [validate_unit(u) for u in units]
+    return command("systemctl", "show", "--no-pager", "-p", ",".join(SYSTEMCTL_SHOW_PROPS), "--", *names)
 
 
 def journalctl_follow(unit: str, lines: int = 200) -> RemoteCommand:
