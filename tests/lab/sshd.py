@@ -157,8 +157,10 @@ class LabSshd:
     # ---- the daemon -------------------------------------------------------------------------
 
     def write_sshd_config(self) -> None:
+        # sshd keeps the FIRST value of an option: extra_config goes first so it can override.
         self.config_path.write_text(
-            f"""Port {self.port}
+            f"""{self.extra_config}
+Port {self.port}
 ListenAddress {self.listen}
 HostKey {self.host_key}
 PidFile {self.pid_path}
@@ -174,7 +176,6 @@ PermitTTY yes
 MaxSessions 10
 Subsystem sftp internal-sftp
 LogLevel VERBOSE
-{self.extra_config}
 """
         )
 

@@ -1,0 +1,631 @@
+"""SSH transport: one asyncssh connection per node, kept open; every command is a channel on it.
+
+- One connection per node, opened on first use and reused by every ``run``, ``stream`` and
+  ``open_process`` (each is one exec channel). A lock is held only while (re)connecting, never
+  around I/O: runs on one node go out concurrently. OpenSSH allows ``MaxSessions`` (default 10)
+  channels per connection, so channels beyond ``max_sessions`` wait for a free one.
+- The user's OpenSSH client config is honoured through asyncssh's ``config=`` (HostName, User,
+  Port, IdentityFile, ProxyJump...): ``NodeConfig.ssh_config`` names the file, else
+  ``~/.ssh/config``. ``NodeConfig`` values (user, port, identity, jump) win over the file.
+- Host keys are ALWAYS verified: against ``NodeConfig.known_hosts``, else the config's
+  ``UserKnownHostsFile``, else ``~/.ssh/known_hosts`` (``UserKnownHostsFile none`` does not turn
+  checking off: it falls back to the default file; a missing file trusts nothing). An unknown or
+  changed key raises :class:`~sparkconsole.errors.HostKeyError` naming the host and the SHA256
+  fingerprint offered; ``sparkconsole trust`` is the only way to record a key.
+- Jump hosts (``NodeConfig.jump`` or ``ProxyJump`` in the config) are dialled here, hop by hop,
+  with the same verification, and the target is reached through a ``direct-tcpip`` tunnel.
+- A dead connection (found on next use, or by asyncssh's keepalive) is dropped and re-opened with
+  exponential backoff and jitter (:meth:`SshTransport.backoff_delays`). While waiting for the
+  next attempt, calls fail at once with a TransportError instead of blocking the UI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from sparkconsole.config import NodeConfig
+from sparkconsole.errors import HostKeyError, TransportError
+from sparkconsole.transport.base import CommandLike, CommandResult, command_text
+from sparkconsole.transport.hostkeys import (
+    default_known_hosts,
+    describe,
+    fetch_host_key,
+    key_status,
+    known_host_name,
+)
+
+_ENCODING = {"encoding": "utf-8", "errors": "replace"}
+_MAX_HOPS = 4
+_PTY_MODES = {asyncssh.PTY_ECHO: 0, asyncssh.PTY_OPOST: 0}
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _parse_hop(spec: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` -> (user, host, port)."""
+    user = None
+    if "@" in spec:
+        user, spec = spec.rsplit("@", 1)
+    port = None
+    if spec.startswith("[") and "]" in spec:  # [host]:port
+        host, _, rest = spec[1:].partition("]")
+        if rest.startswith(":") and rest[1:].isdigit():
+            port = int(rest[1:])
+        return user, host, port
+    if spec.count(":") == 1:
+        host, port_s = spec.split(":")
+        if port_s.isdigit():
+            return user, host, int(port_s)
+    return user, spec, port
+
+
+class _Client(asyncssh.SSHClient):
+    """Tells the transport when its connection goes away (peer closed, keepalive timeout)."""
+
+    def __init__(self, transport: SshTransport) -> None:
+        self._transport = transport
+        self._conn: asyncssh.SSHClientConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
+        self._conn = conn
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._conn is not None:
+            self._transport._on_connection_lost(self._conn, exc)
+
+
+class SshProcess:
+    """A long-lived remote process on its own channel: write lines, read lines (the probe)."""
+
+    def __init__(self, node: str, proc: asyncssh.SSHClientProcess, release: Any) -> None:
+        self._node = node
+        self._proc = proc
+        self._release = release
+        self.stderr_tail: list[str] = []  # the last lines the process wrote on stderr
+        self._stderr_task = asyncio.create_task(self._drain_stderr())
+        self._watch_task = asyncio.create_task(self._watch())
+
+    async def _drain_stderr(self) -> None:
+        # Never leave stderr unread: a full buffer would stall the whole channel.
+        with contextlib.suppress(Exception):
+            async for line in self._proc.stderr:
+                self.stderr_tail.append(line.rstrip("\n"))
+                del self.stderr_tail[:-20]
+
+    async def _watch(self) -> None:
+        try:
+            await self._proc.wait_closed()
+        finally:
+            self._release()
+
+    async def write_line(self, line: str) -> None:
+        if self._proc.is_closing():
+            raise TransportError(f"{self._node}: the remote process has ended")
+        try:
+            self._proc.stdin.write(line + "\n")
+            await self._proc.stdin.drain()
+        except (OSError, asyncssh.Error) as exc:
+            raise TransportError(f"{self._node}: cannot write to the remote process: {describe(exc)}") from None
+
+    async def read_line(self) -> str | None:
+        try:
+            line = await self._proc.stdout.readline()
+        except (OSError, asyncssh.Error) as exc:
+            raise TransportError(f"{self._node}: lost the remote process: {describe(exc)}") from None
+        if not line:
+            return None
+        return line[:-1] if line.endswith("\n") else line
+
+    @property
+    def is_closing(self) -> bool:
+        return self._proc.is_closing()
+
+    @property
+    def exit_status(self) -> int | None:
+        return self._proc.exit_status
+
+    async def close(self) -> None:
+        proc = self._proc
+        if not proc.is_closing():
+            with contextlib.suppress(Exception):
+                proc.stdin.write_eof()
+            with contextlib.suppress(Exception):
+                proc.kill()
+            proc.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.wait_closed(), 5)
+        for task in (self._stderr_task, self._watch_task):
+            task.cancel()
+        await asyncio.gather(self._stderr_task, self._watch_task, return_exceptions=True)
+        self._release()
+
+
+class SshTransport:
+    """The :class:`~sparkconsole.transport.base.Transport` for one node over SSH."""
+
+    def __init__(
+        self,
+        node: NodeConfig,
+        *,
+        connect_timeout: float = 10.0,
+        keepalive: float = 15.0,
+        keepalive_count_max: int = 3,
+        backoff_base: float = 0.5,
+        backoff_factor: float = 2.0,
+        backoff_max: float = 30.0,
+        auto_reconnect: bool = True,
+        max_sessions: int = 10,
+        jump_node: NodeConfig | None = None,
+    ) -> None:
+        self.node = node.name
+        self.config = node
+        self.jump_node = jump_node
+        self.connect_timeout = connect_timeout
+        self.keepalive = keepalive
+        self.keepalive_count_max = keepalive_count_max
+        self.backoff_base = backoff_base
+        self.backoff_factor = backoff_factor
+        self.backoff_max = backoff_max
+        self.auto_reconnect = auto_reconnect
+        self.max_sessions = max_sessions
+        self.connections_made = 0  # how many times a connection was opened (1 = never dropped)
+        self.last_error: str | None = None
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._hops: list[asyncssh.SSHClientConnection] = []  # jump connections, nearest first
+        self._lock = asyncio.Lock()
+        self._slots = asyncio.Semaphore(max_sessions)
+        self._failures = 0
+        self._retry_at = 0.0
+        self._closed = False
+        self._reconnect_task: asyncio.Task[None] | None = None
+
+    # ---- state ----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
+    def backoff_delays(self) -> Iterator[float]:
+        """The waits between reconnect attempts: exponential, capped, with jitter (half to full)."""
+        delay = self.backoff_base
+        while True:
+            capped = min(delay, self.backoff_max)
+            yield capped / 2 + random.uniform(0, capped / 2)
+            delay *= self.backoff_factor
+
+    def _delay_after(self, failures: int) -> float:
+        it = self.backoff_delays()
+        delay = 0.0
+        for _ in range(max(failures, 1)):
+            delay = next(it)
+        return delay
+
+    @property
+    def retry_in(self) -> float:
+        """Seconds until the next connection attempt is allowed (0 when allowed now)."""
+        return max(0.0, self._retry_at - time.monotonic())
+
+    # ---- connecting -----------------------------------------------------------------------
+
+    def _config_paths(self, cfg: NodeConfig) -> list[str]:
+        if cfg.ssh_config:
+            path = Path(cfg.ssh_config).expanduser()
+            if not path.is_file():
+                raise TransportError(f"{self.node}: ssh config file {path} not found")
+            return [str(path)]
+        default = Path("~/.ssh/config").expanduser()
+        return [str(default)] if default.is_file() else []
+
+    def _known_hosts(self, cfg: NodeConfig, opts: asyncssh.SSHClientConnectionOptions) -> Any:
+        """What host keys are checked against. Never "no checking"."""
+        if cfg.known_hosts:
+            paths = [str(Path(cfg.known_hosts).expanduser())]
+        elif isinstance(opts.known_hosts, list | tuple) and opts.known_hosts:
+            paths = [str(Path(str(p)).expanduser()) for p in opts.known_hosts]
+        else:
+            paths = [str(default_known_hosts())]
+        existing = [p for p in paths if os.path.isfile(p)]
+        if not existing:
+            return asyncssh.import_known_hosts("")  # trusts nothing: every key is unknown
+        return existing
+
+    def _options(
+        self,
+        cfg: NodeConfig,
+        host: str,
+        port: int | None,
+        user: str | None,
+        identity: str | None,
+        fallback_identity: str | None = None,
+    ) -> tuple[dict[str, Any], asyncssh.SSHClientConnectionOptions]:
+        """asyncssh keyword arguments for one hop, and the options they resolve to.
+
+        ``identity`` always wins over the config file; ``fallback_identity`` is used only when
+        the config names no IdentityFile for that host.
+        """
+        kwargs: dict[str, Any] = {
+            "host": host,
+            "config": self._config_paths(cfg),
+            "connect_timeout": self.connect_timeout,
+            "keepalive_interval": self.keepalive,
+            "keepalive_count_max": self.keepalive_count_max,
+        }
+        if port:
+            kwargs["port"] = port
+        if user:
+            kwargs["username"] = user
+        try:
+            probe = asyncssh.SSHClientConnectionOptions(**kwargs)
+        except (OSError, ValueError, asyncssh.Error) as exc:
+            raise TransportError(f"{self.node}: cannot read the ssh config for {host}: {describe(exc)}") from None
+        key = identity or (fallback_identity if not probe.config.get("IdentityFile") else None)
+        if key:
+            kwargs["client_keys"] = [str(Path(key).expanduser())]
+        kwargs["known_hosts"] = self._known_hosts(cfg, probe)
+        return kwargs, probe
+
+    def _hop(self, spec: str) -> tuple[NodeConfig, str, int | None, str | None, str | None, str | None]:
+        """(config, host, port, user, identity, fallback identity) of one jump host."""
+        j = self.jump_node
+        if j is not None and spec in (j.name, j.host):
+            return j, j.host, j.port, j.user, j.identity, self.config.identity
+        user, host, port = _parse_hop(spec)
+        # a bare jump spec shares the node's known_hosts and ssh config; the node's key is
+        # used for it only when the config names none for that host
+        return self.config, host, port, user, None, self.config.identity
+
+    async def _dial(
+        self,
+        cfg: NodeConfig,
+        host: str,
+        port: int | None,
+        user: str | None,
+        identity: str | None,
+        fallback_identity: str | None,
+        jump: str | None,
+        depth: int = 0,
+    ) -> tuple[asyncssh.SSHClientConnection, list[asyncssh.SSHClientConnection]]:
+        """One verified connection to ``host``, through its jump chain (each hop verified too).
+
+        Returns the connection and the jump connections it rides on, nearest first.
+        """
+        if depth > _MAX_HOPS:
+            raise TransportError(f"{self.node}: more than {_MAX_HOPS} jump hosts (a ProxyJump loop?)")
+        kwargs, probe = self._options(cfg, host, port, user, identity, fallback_identity)
+        if jump is None and isinstance(probe.tunnel, str) and probe.tunnel.lower() != "none":
+            jump = probe.tunnel  # ProxyJump from the ssh config: dialled here, not by asyncssh
+        hops: list[asyncssh.SSHClientConnection] = []
+        tunnel: asyncssh.SSHClientConnection | None = None
+        try:
+            for spec in (jump or "").split(","):
+                if not spec.strip():
+                    continue
+                hcfg, hhost, hport, huser, hid, hfall = self._hop(spec.strip())
+                if tunnel is None:
+                    tunnel, sub = await self._dial(hcfg, hhost, hport, huser, hid, hfall, None, depth + 1)
+                    hops.extend(sub)
+                else:
+                    hkw, hprobe = self._options(hcfg, hhost, hport, huser, hid, hfall)
+                    tunnel = await self._connect_one(hkw, tunnel, hprobe.host, hprobe.port, via="jump")
+                hops.append(tunnel)
+            conn = await self._connect_one(kwargs, tunnel, probe.host, probe.port, via=jump)
+        except BaseException:
+            for h in reversed(hops):
+                h.close()
+            raise
+        return conn, hops
+
+    async def _connect_one(
+        self,
+        kwargs: dict[str, Any],
+        tunnel: asyncssh.SSHClientConnection | None,
+        real_host: str,
+        real_port: int,
+        via: str | None,
+    ) -> asyncssh.SSHClientConnection:
+        where = f"{real_host}:{real_port}"
+        suffix = f" (via {via})" if via else ""
+        try:
+            return await asyncssh.connect(
+                **kwargs,
+                tunnel=tunnel if tunnel is not None else (),
+                client_factory=lambda: _Client(self),
+            )
+        except asyncssh.HostKeyNotVerifiable:
+            raise await self._host_key_error(kwargs, tunnel, real_host, real_port) from None
+        except asyncssh.PermissionDenied as exc:
+            user = kwargs.get("username") or "the configured user"
+            raise TransportError(
+                f"{self.node}: authentication failed for {user} at {where}{suffix}: {describe(exc)}"
+            ) from None
+        except ConnectionRefusedError:
+            raise TransportError(f"{self.node}: connection refused by {where}{suffix}") from None
+        except socket.gaierror:
+            raise TransportError(f"{self.node}: cannot resolve host name {real_host!r}") from None
+        except TimeoutError:
+            raise TransportError(
+                f"{self.node}: timed out connecting to {where}{suffix} after {self.connect_timeout:g} s"
+            ) from None
+        except asyncssh.ChannelOpenError as exc:
+            raise TransportError(f"{self.node}: the jump host could not reach {where}: {describe(exc)}") from None
+        except (OSError, asyncssh.Error, ValueError) as exc:
+            raise TransportError(f"{self.node}: cannot connect to {where}{suffix}: {describe(exc)}") from None
+
+    async def _host_key_error(
+        self, kwargs: dict[str, Any], tunnel: asyncssh.SSHClientConnection | None, host: str, port: int
+    ) -> HostKeyError:
+        name = known_host_name(host, port)
+        known = kwargs["known_hosts"]
+        files = known if isinstance(known, list) else []
+        try:
+            key = await fetch_host_key(host, port, tunnel=tunnel, timeout=self.connect_timeout)
+        except TransportError as exc:
+            return HostKeyError(f"{self.node}: host key of {name} not verified ({exc.message})", host=name)
+        changed = any(key_status(f, host, port, key) in ("changed", "revoked") for f in files)
+        where = files[0] if files else str(default_known_hosts())
+        trust = f"sparkconsole trust {host}" + (f" --port {port}" if port != 22 else "") + f" --known-hosts {where}"
+        if changed:
+            msg = (
+                f"{self.node}: host key of {name} has CHANGED (possible man-in-the-middle): offered "
+                f"{key.key_type} {key.fingerprint}, which differs from the one recorded in {where}"
+            )
+        else:
+            msg = (
+                f"{self.node}: unknown host key for {name}: {key.key_type} {key.fingerprint} "
+                f"(not in {where}); check it, then run: {trust}"
+            )
+        return HostKeyError(msg, host=name, fingerprint=key.fingerprint)
+
+    async def _attempt(self) -> asyncssh.SSHClientConnection:
+        cfg = self.config
+        try:
+            conn, hops = await self._dial(cfg, cfg.host, cfg.port, cfg.user, cfg.identity, None, cfg.jump)
+        except TransportError as exc:
+            self._failures += 1
+            self._retry_at = time.monotonic() + self._delay_after(self._failures)
+            self.last_error = exc.message
+            if self.auto_reconnect and not isinstance(exc, HostKeyError):
+                self._start_reconnect_loop()
+            raise
+        self._failures = 0
+        self._retry_at = 0.0
+        self.last_error = None
+        self._conn, self._hops = conn, hops
+        self.connections_made += 1
+        return conn
+
+    async def connect(self) -> None:
+        """Open the connection now (ignores a pending backoff wait); idempotent."""
+        self._closed = False
+        if self.connected:
+            return
+        async with self._lock:
+            if not self.connected:
+                await self._attempt()
+
+    async def _ensure(self) -> asyncssh.SSHClientConnection:
+        if self._closed:
+            raise TransportError(f"{self.node}: transport is closed")
+        conn = self._conn
+        if conn is not None and not conn.is_closed():
+            return conn
+        async with self._lock:
+            conn = self._conn
+            if conn is not None and not conn.is_closed():
+                return conn
+            self._drop()
+            wait = self.retry_in
+            if wait > 0:
+                raise TransportError(
+                    f"{self.node}: not connected ({self.last_error or 'connection lost'}); "
+                    f"next attempt in {wait:.1f} s"
+                )
+            return await self._attempt()
+
+    def _start_reconnect_loop(self) -> None:
+        if self._closed or (self._reconnect_task is not None and not self._reconnect_task.done()):
+            return
+        self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        while not self._closed and not self.connected:
+            await asyncio.sleep(max(self.retry_in, 0.01))
+            async with self._lock:
+                if self._closed or self.connected:
+                    return
+                try:
+                    await self._attempt()
+                except HostKeyError:
+                    return  # a key problem needs the operator, not retries
+                except TransportError:
+                    continue
+
+    def _on_connection_lost(self, conn: asyncssh.SSHClientConnection, exc: Exception | None) -> None:
+        if conn is not self._conn:
+            return
+        self._drop()
+        if self._closed:
+            return
+        self.last_error = f"connection lost: {describe(exc)}" if exc else "connection closed by the server"
+        if self.auto_reconnect:
+            self._retry_at = time.monotonic()  # the first attempt right away, then back off
+            with contextlib.suppress(RuntimeError):  # no running loop: the next call reconnects
+                self._start_reconnect_loop()
+
+    def _drop(self) -> None:
+        conn, hops = self._conn, self._hops
+        self._conn, self._hops = None, []
+        if conn is not None:
+            conn.close()
+        for h in reversed(hops):
+            h.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        task, self._reconnect_task = self._reconnect_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        conn, hops = self._conn, self._hops
+        self._drop()
+        for c in [c for c in (conn, *hops) if c is not None]:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(c.wait_closed(), 5)
+
+    # ---- channels ---------------------------------------------------------------------------
+
+    async def _open(self, text: str, wait: float, **kwargs: Any) -> asyncssh.SSHClientProcess:
+        """One exec channel on the kept connection.
+
+        A connection found dead is dropped and dialled again, once (the command never started).
+        A session refused by a live server (OpenSSH's ``MaxSessions``, counting sessions whose
+        commands still run after their channel closed) is retried for up to ``wait`` seconds.
+        """
+        redialled = False
+        deadline = time.monotonic() + wait
+        pause = 0.05
+        while True:
+            conn = await self._ensure()
+            try:
+                return await conn.create_process(text, **_ENCODING, **kwargs)
+            except asyncssh.ChannelOpenError as exc:
+                if not conn.is_closed():
+                    if time.monotonic() + pause > deadline:
+                        raise TransportError(
+                            f"{self.node}: the server refused a new session: {describe(exc)}"
+                        ) from None
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 0.5)
+                    continue
+                error = describe(exc)
+            except (OSError, asyncssh.Error) as exc:
+                error = describe(exc)
+            if redialled:
+                raise TransportError(f"{self.node}: connection lost: {error}")
+            redialled = True
+            if conn is self._conn:
+                self._drop()
+                self._retry_at = 0.0
+
+    @staticmethod
+    def _kill(proc: asyncssh.SSHClientProcess) -> None:
+        """Stop a remote command and close its channel.
+
+        The ``signal`` request works for ordinary users; OpenSSH refuses it for root logins
+        ("session signalling requires privilege separation"), where closing the channel is what
+        stops the command (its pipes close: SIGPIPE on its next write, EOF on its next read).
+        Streams run on a PTY, so closing one also sends SIGHUP to the whole remote session.
+        """
+        if proc.exit_status is None:
+            with contextlib.suppress(Exception):
+                proc.kill()
+        proc.close()
+
+    async def _acquire_slot(self) -> None:
+        await self._slots.acquire()
+
+    async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None) -> CommandResult:
+        text = command_text(cmd)
+        start = time.monotonic()
+        proc: asyncssh.SSHClientProcess | None = None
+        slot = False
+        try:
+            async with asyncio.timeout(timeout):
+                await self._acquire_slot()
+                slot = True
+                wait = timeout  # bounded by the asyncio.timeout around it
+                if input is None:
+                    proc = await self._open(text, wait, stdin=asyncssh.DEVNULL)
+                else:
+                    proc = await self._open(text, wait, input=input)
+                stdout, stderr = await proc.communicate()
+        except TimeoutError:
+            raise TransportError(f"{self.node}: timed out after {timeout:g} s: {_short(text)}") from None
+        except (OSError, asyncssh.Error) as exc:
+            raise TransportError(f"{self.node}: {describe(exc)} while running: {_short(text)}") from None
+        finally:
+            if proc is not None:
+                self._kill(proc)
+            if slot:
+                self._slots.release()
+        return CommandResult(
+            command=text,
+            exit_status=None if proc.exit_signal else proc.exit_status,
+            stdout=stdout or "",
+            stderr=stderr or "",
+            duration_s=time.monotonic() - start,
+        )
+
+    async def stream(self, cmd: CommandLike) -> AsyncIterator[str]:
+        """Lines of stdout and stderr (merged, in arrival order) as they come.
+
+        The command runs on a PTY (no echo, no output post-processing): stdout and stderr
+        interleave exactly as written, most tools flush per line on a terminal, and closing the
+        channel hangs up the remote session. Stopping the iteration (``aclose()``, cancellation)
+        therefore ends the remote command and its children, even where OpenSSH refuses signals.
+        """
+        text = command_text(cmd)
+        await self._acquire_slot()
+        proc: asyncssh.SSHClientProcess | None = None
+        try:
+            proc = await self._open(
+                text,
+                self.connect_timeout,
+                stdin=asyncssh.DEVNULL,
+                stderr=asyncssh.STDOUT,
+                term_type="dumb",
+                term_modes=_PTY_MODES,
+            )
+            while True:
+                try:
+                    line = await proc.stdout.readline()
+                except (OSError, asyncssh.Error) as exc:
+                    raise TransportError(f"{self.node}: stream lost: {describe(exc)}") from None
+                if not line:
+                    break
+                if line.endswith("\n"):
+                    line = line[:-1]
+                    if line.endswith("\r"):
+                        line = line[:-1]
+                yield line
+            if proc.exit_status is None and self._conn is None:
+                raise TransportError(f"{self.node}: connection lost while streaming: {_short(text)}")
+        finally:
+            if proc is not None:
+                self._kill(proc)
+            self._slots.release()
+
+    async def open_process(self, cmd: CommandLike) -> SshProcess:
+        text = command_text(cmd)
+        await self._acquire_slot()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._slots.release()
+
+        try:
+            proc = await self._open(text, self.connect_timeout)
+        except BaseException:
+            release()
+            raise
+        return SshProcess(self.node, proc, release)
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connected else "disconnected"
+        return f"<SshTransport {self.node} {state}>"
