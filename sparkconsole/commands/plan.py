@@ -1,16 +1,143 @@
-"""`sparkconsole plan` (placeholder until its module lands)."""
+"""`sparkconsole plan MODEL [options] [--json]`: will this model fit, on one Spark or on several?
+
+Exit 0 when it fits, 1 when it does not, 2 on bad input (a hostile or unknown model id, a broken
+config, options vLLM would refuse). The JSON keys are the contract in ARCHITECTURE.md.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import sys
 
-from sparkconsole.errors import UserError
+from sparkconsole.planner import budget as bud
+from sparkconsole.planner.plan import PlanOptions, PlanResult, node_memory_from_cluster, plan
+from sparkconsole.planner.spec import load_spec
+
+
+def _pos_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text}")
+    return v
+
+
+def _number(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite, non-negative number: {text}")
+    return v
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
-    p = subs.add_parser("plan", help="(not yet available)")
+    p = subs.add_parser(
+        "plan", help="will a model fit: weights, KV cache and concurrency per node, vLLM's arithmetic",
+        description="Plan a vLLM deployment on DGX Spark nodes. MODEL is a Hugging Face repo id, a "
+        "local model directory, or a config.json path. Exit 0 fits, 1 does not fit, 2 bad input.")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--tp", type=_pos_int, help="tensor-parallel size (default: --nodes, else 1)")
+    p.add_argument("--nodes", type=_pos_int, help="Sparks (one GPU each; default: TP)")
+    p.add_argument("--gpu-memory-utilization", type=_number, default=bud.DEFAULT_GMU, metavar="FRACTION",
+                   help="fraction of node memory vLLM may use (default 0.85; warned above 0.85, refused "
+                   "above 0.90 without --force)")
+    p.add_argument("--max-model-len", type=_pos_int, metavar="TOKENS", help="default: the config's")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    p.add_argument("--kv-cache-gib", type=_number, metavar="GIB",
+                   help="take the KV budget per node as given (like vLLM's --kv-cache-memory)")
+    p.add_argument("--node-memory-gib", type=_number, metavar="GIB",
+                   help=f"memory per node (default: the live node when a cluster is configured, else "
+                   f"{bud.DEFAULT_NODE_MEMORY_GIB})")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM's default is on (linear-attention state then booked twice per request)")
+    p.add_argument("--num-speculative-tokens", type=_nonneg_int, default=0, metavar="N",
+                   help="MTP speculative decoding: loads the config's MTP layers as draft layers")
+    p.add_argument("--language-model-only", action="store_true", help="skip the vision tower")
+    g = p.add_argument_group("overhead estimates (replace with measured values)")
+    g.add_argument("--max-num-batched-tokens", type=_pos_int, default=bud.ACTIVATION_REF_TOKENS, metavar="N")
+    g.add_argument("--activation-gib", type=_number, metavar="GIB")
+    g.add_argument("--non-torch-gib", type=_number, metavar="GIB")
+    g.add_argument("--cuda-graph-gib", type=_number, metavar="GIB")
+    p.add_argument("--force", action="store_true", help="allow --gpu-memory-utilization above 0.90")
+    p.add_argument("--offline", action="store_true", help="never contact the Hugging Face Hub")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract)")
     p.set_defaults(func=run)
 
 
+def _options(args: argparse.Namespace) -> PlanOptions:
+    node_mem = args.node_memory_gib
+    if node_mem is None:
+        node_mem = node_memory_from_cluster(None)  # hook: None until --config/--demo land here
+    return PlanOptions(
+        tp=args.tp, nodes=args.nodes, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len, kv_cache_dtype=args.kv_cache_dtype, kv_cache_gib=args.kv_cache_gib,
+        node_memory_gib=node_mem, enable_prefix_caching=args.enable_prefix_caching,
+        num_speculative_tokens=args.num_speculative_tokens, language_model_only=args.language_model_only,
+        max_num_batched_tokens=args.max_num_batched_tokens, activation_gib=args.activation_gib,
+        non_torch_gib=args.non_torch_gib, cuda_graph_gib=args.cuda_graph_gib, force=args.force,
+    )
+
+
+def render_text(r: PlanResult, source: str) -> str:
+    """A readable table (rich when available, else plain text)."""
+    lay, cap = r.layout, r.capacity
+    rows = [
+        ("model", f"{r.model}  ({source})"),
+        ("nodes / TP", f"{r.nodes} / {r.tp}"),
+        ("max model len", f"{r.max_model_len:,} tokens"),
+        ("weights per node", f"{r.weights_gib_per_node:.2f} GiB"),
+        ("KV budget per node", f"{r.kv_cache_gib_per_node:.2f} GiB"),
+        ("KV per token per node", f"{lay.kv_bytes_per_token:,} B ({lay.kv_dtype})"),
+        ("state per request per node", f"{lay.state_bytes_per_request:,} B" if lay.state_layers else "-"),
+        ("block size", f"{lay.block_size:,} tokens"),
+        ("KV-cache groups", f"{lay.num_groups} x {lay.group_size} layers"),
+        ("blocks", f"{cap.num_blocks:,} ({cap.blocks_per_request:,} per request)"),
+        ("max concurrency", f"{cap.max_concurrency:.2f}x"),
+        ("KV cache size", f"{cap.kv_cache_tokens:,} tokens"),
+        ("verdict", "FITS" if r.fits else "DOES NOT FIT"),
+    ]
+    try:
+        import io
+
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # pragma: no cover - rich comes with textual
+        width = max(len(k) for k, _ in rows)
+        lines = [f"{k:<{width}}  {v}" for k, v in rows] + [""] + [f"- {x}" for x in r.reasons]
+        return "\n".join(lines) + "\n"
+    table = Table(title=f"sparkconsole plan: {r.model}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for k, v in rows:
+        style = ("green" if r.fits else "red") if k == "verdict" else None
+        table.add_row(k, v, style=style)
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=sys.stdout.isatty(), width=120)
+    console.print(table)
+    return buf.getvalue() + "".join(f"- {x}\n" for x in r.reasons)
+
+
 def run(args: argparse.Namespace) -> int:
-    raise UserError("'plan' is not available yet")
+    spec = load_spec(args.model, offline=args.offline)
+    result = plan(spec, _options(args))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        sys.stdout.write(render_text(result, spec.source))
+    return 0 if result.fits else 1
