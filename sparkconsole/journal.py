@@ -1,0 +1,165 @@
+"""The local journal: one JSON line per command that changed (or tried to change) a node.
+
+Every mutating command the console sends is appended to ``state_dir()/journal.jsonl`` (or a path
+given): the time (ISO 8601, UTC), the node, the exact shell text, the plain-words summary, the exit
+code (``None`` when the command never finished: a timeout, a lost connection), how long it took
+and, for failures, a short error text. Nothing secret is ever written: values of environment
+variables or ``--flags`` whose names contain TOKEN, KEY, SECRET or PASSWORD, Hugging Face tokens
+(``hf_...``) and ``Authorization: Bearer`` values are replaced by ``***`` before the line is built.
+
+The file is append-only: each entry is one ``write`` of one line to a file opened with
+``O_APPEND`` (mode 0600), so concurrent writers never interleave inside a line. Reading skips
+lines that are not valid entries (a torn last line after a crash) instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sparkconsole.config import state_dir
+
+JOURNAL_FILE = "journal.jsonl"
+REDACTED = "***"
+
+_SECRET_WORD = r"(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)"
+# 'NAME=value with spaces' as shlex.quote writes an env assignment that needed quoting
+_ENV_QUOTED = re.compile(rf"'([A-Za-z_][A-Za-z0-9_]*{_SECRET_WORD}[A-Za-z0-9_]*)=[^']*'", re.IGNORECASE)
+# NAME=value, NAME="value", NAME='value'
+_ENV_PLAIN = re.compile(
+    rf"\b([A-Za-z_][A-Za-z0-9_]*{_SECRET_WORD}[A-Za-z0-9_]*)=(?:\"[^\"]*\"|'[^']*'|[^\s'\";|&]+)",
+    re.IGNORECASE,
+)
+# --hf-token VALUE, --api-key=VALUE, -e HF_TOKEN is handled by the env rules
+_FLAG = re.compile(
+    rf"(--[A-Za-z0-9-]*{_SECRET_WORD}[A-Za-z0-9-]*)(=|\s+)(?:\"[^\"]*\"|'[^']*'|[^\s'\";|&]+)",
+    re.IGNORECASE,
+)
+_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}\b")
+_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with every secret-looking value replaced by ``***``."""
+    if not text:
+        return text
+    text = _ENV_QUOTED.sub(lambda m: f"'{m.group(1)}={REDACTED}'", text)
+    text = _ENV_PLAIN.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
+    text = _FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    text = _HF_TOKEN.sub("hf_" + REDACTED, text)
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
+
+
+def default_journal_path() -> Path:
+    return state_dir() / JOURNAL_FILE
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One journaled command. ``exit_code`` is ``None`` when it never finished."""
+
+    time: str  # ISO 8601 UTC, e.g. 2026-11-29T23:13:05.123456+00:00
+    node: str
+    command: str  # the exact shell text sent (redacted)
+    summary: str
+    exit_code: int | None
+    duration_s: float | None
+    error: str | None = None  # why it failed, in words (stderr tail, timeout, refusal)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JournalEntry:
+        exit_code = data.get("exit_code")
+        duration = data.get("duration_s")
+        return cls(
+            time=str(data["time"]),
+            node=str(data["node"]),
+            command=str(data["command"]),
+            summary=str(data.get("summary") or ""),
+            exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+            duration_s=float(duration) if isinstance(duration, int | float) else None,
+            error=str(data["error"]) if data.get("error") is not None else None,
+        )
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+class Journal:
+    """Append-only journal file. ``path=None``: ``state_dir()/journal.jsonl``."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else default_journal_path()
+
+    def record(
+        self,
+        *,
+        node: str,
+        command: str,
+        summary: str = "",
+        exit_code: int | None,
+        duration_s: float | None,
+        error: str | None = None,
+        when: datetime | None = None,
+    ) -> JournalEntry:
+        """Append one entry (secrets redacted) and return it."""
+        stamp = when.astimezone(UTC).isoformat(timespec="microseconds") if when else _now_iso()
+        entry = JournalEntry(
+            time=stamp,
+            node=node,
+            command=redact(command),
+            summary=redact(summary),
+            exit_code=exit_code,
+            duration_s=None if duration_s is None else round(float(duration_s), 3),
+            error=None if error is None else redact(error.strip())[:500],
+        )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = (entry.to_json() + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return entry
+
+    def __iter__(self) -> Iterator[JournalEntry]:
+        return iter(read_journal(self.path))
+
+    def read(self) -> list[JournalEntry]:
+        return read_journal(self.path)
+
+
+def read_journal(path: str | os.PathLike[str] | None = None) -> list[JournalEntry]:
+    """Every readable entry, oldest first (a missing file is an empty journal)."""
+    p = Path(path) if path is not None else default_journal_path()
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    out: list[JournalEntry] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                continue
+            out.append(JournalEntry.from_dict(data))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
