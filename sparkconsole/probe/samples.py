@@ -12,7 +12,7 @@ Rules every parser and the UI follow:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -242,7 +242,8 @@ class NodeSample:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (``snapshot --json``)."""
-        data = asdict(self)
+        # asdict() deep-copies every field and a MappingProxyType cannot be copied: swap it out.
+        data = asdict(replace(self, unknown={}))
         data["unknown"] = dict(self.unknown)
         data["memory"]["used_bytes"] = self.memory.used_bytes
         return data
