@@ -63,6 +63,7 @@ _TOOL_ERROR = re.compile(
     r"|^Error(?: response from daemon)?:|^error:)",
     re.IGNORECASE,
 )
+_TIMEOUT_NOEXEC = re.compile(r"timeout: failed to run command [‘'`]?(.+?)[’'`]?: No such file or directory")
 _EXC_LINE = re.compile(r"^[\w.]+(?:Error|Exception|Exit|Interrupt)\b:?")
 # A shell prompt echoed in front of the output: ``nvidia@dxg-spark-1:~$ ibdev2netdev``.
 _PROMPT = re.compile(r"^\s*(?:[\w.-]+@[\w.-]+(?::\S*)?\s*[$#%>]\s|[$#]\s)")
@@ -109,6 +110,9 @@ def tool_error(text: str) -> str | None:
             for last in reversed(lines[i + 1 :]):
                 if _EXC_LINE.match(last):
                     return last[:200]
+        tm = _TIMEOUT_NOEXEC.search(s)
+        if tm:  # the probe wraps each tool in coreutils timeout, which words "not found" so
+            return f"{tm.group(1)}: not found"
         return _SHELL_PREFIX.sub("", s)[:200]
     return None
 
