@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fnmatch
 import hashlib
 import hmac
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -112,6 +112,12 @@ def _hashed_match(pattern: str, name: str) -> bool:
         return False
 
 
+def _glob_match(pattern: str, name: str) -> bool:
+    """OpenSSH host patterns: ``*`` and ``?`` are wildcards, everything else (``[``!) is literal."""
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
+    return re.fullmatch(regex, name.lower()) is not None
+
+
 def _patterns_match(field: str, name: str) -> bool:
     if field.startswith("|"):
         return _hashed_match(field, name)
@@ -119,7 +125,7 @@ def _patterns_match(field: str, name: str) -> bool:
     for pat in field.split(","):
         negate = pat.startswith("!")
         pat = pat[1:] if negate else pat
-        if fnmatch.fnmatchcase(name.lower(), pat.lower()):
+        if _glob_match(pat, name):
             if negate:
                 return False
             hit = True

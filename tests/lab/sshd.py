@@ -249,7 +249,8 @@ class JumpPair:
     jump: LabSshd
     target: LabSshd
     netns: str
-    veth_root: str
+    veth_root: str  # the root namespace's end of the link
+    veth_ns: str  # the namespace's end (``ip -n NETNS link set VETH down`` unplugs the cable)
     ssh_config: Path
 
     def stop(self) -> None:
@@ -291,7 +292,7 @@ def start_jump_pair(workdir: Path) -> JumpPair:
         for s in (jump, target):
             s.known_hosts.write_text(both)
             s.ssh_config = config
-        pair = JumpPair(jump, target, netns, veth_root, config)
+        pair = JumpPair(jump, target, netns, veth_root, veth_ns, config)
         jump.start()
         target.start()
         return pair
