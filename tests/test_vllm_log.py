@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -756,6 +757,33 @@ def test_report_is_frozen_and_cached():
         r1.state = "ready"  # type: ignore[misc]
     t.feed(bar(2, 2))
     assert t.report.shards_done == 2 and r1.shards_done == 1
+
+
+def test_crlf_line_endings():
+    text = _log("02-dgx-spark-nemotron-hybrid-nv2601-ready.log")
+    assert parse_vllm_log(text.replace("\n", "\r\n")) == parse_vllm_log(text)
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        "(x pid=1) " * 6000,
+        "a(x pid=1) " + "(x pid=1) " * 6000,
+        "a(Worker_TP0 pid=1) b" * 5000,
+        "[1;36m" * 10000,
+        "Loading " * 8000,
+        "Model architectures " + "[" * 60000,
+        "non-default args: {" + "'" * 60000,
+        "\r" * 60000,
+        "x" * 200000,
+    ],
+    ids=range(9),
+)
+def test_pathological_lines_stay_fast(junk):
+    start = time.perf_counter()
+    r = parse_vllm_log(junk)
+    assert r.state in STATES
+    assert time.perf_counter() - start < 2.0
 
 
 # --------------------------------------------------------------------------------------------

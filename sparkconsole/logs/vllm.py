@@ -274,7 +274,8 @@ _GENERIC_FATAL = re.compile(
 _FATAL_AFTER_READY = re.compile(
     r"EngineCore encountered a fatal error|EngineDeadError|Engine core .{0,40}died"
 )
-_PY_WARNING = re.compile(r"\b\w*Warning:|warnings\.warn\(|^\s*warn\(")
+# Python's warnings module: "path.py:N: UserWarning: ..." then the source line "  warnings.warn("
+_PY_WARNING = re.compile(r"^(?:\S*\.py:\d+:\s+)?(?:[\w.]+\.)?\w*Warning:|^warnings\.warn\(|^warn\(")
 
 _NOT_FAILURE_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
 
@@ -417,29 +418,39 @@ class _Prefixes:
     ip: str | None
 
 
-def _strip_prefixes(text: str) -> _Prefixes:
-    """Remove every outer prefix, outermost first, however they are stacked."""
+def _prefix_end(text: str) -> tuple[int, bool, str | None]:
+    """Where the outer prefixes end (stacked, any order), whether one was a process tag, its ip."""
     has_process = False
     ip: str | None = None
+    pos = 0
+    n = len(text)
     while True:
-        stripped = text.lstrip(" \t") if has_process else text
+        if has_process:
+            while pos < n and text[pos] in " \t":
+                pos += 1
         for pattern in (_COMPOSE, _TIMESTAMP, _QUOTE):
-            m = pattern.match(stripped)
+            m = pattern.match(text, pos)
             if m:
-                text = stripped[m.end() :]
+                pos = m.end()
                 break
         else:
-            m = _PROC.match(stripped) or _RAYSYS.match(stripped)
+            m = _PROC.match(text, pos) or _RAYSYS.match(text, pos)
             if m:
                 has_process = True
                 ip = m.group("ip") or ip
-                text = stripped[m.end() :]
+                pos = m.end()
                 continue
-            m = _TORCH_RANK.match(stripped)
+            m = _TORCH_RANK.match(text, pos)
             if m:
-                text = stripped[m.end() :]
+                pos = m.end()
                 continue
-            return _Prefixes(text, has_process, ip)
+            return pos, has_process, ip
+
+
+def _strip_prefixes(text: str) -> _Prefixes:
+    """Remove every outer prefix, outermost first, however they are stacked."""
+    pos, has_process, ip = _prefix_end(text)
+    return _Prefixes(text[pos:], has_process, ip)
 
 
 def _split_segments(physical: str) -> list[str]:
@@ -453,16 +464,16 @@ def _split_segments(physical: str) -> list[str]:
         if "]" in part and ("INFO" in part or "WARN" in part or "ERROR" in part or "DEBUG" in part):
             pieces = _GLUED_RECORD.split(part)
         for piece in pieces:
-            starts = [m.start() for m in _MID_PROC.finditer(piece)]
             cuts = [0]
-            for pos in starts:
-                if pos == 0:
+            chain_end = _prefix_end(piece)[0]  # the leading (stacked) prefixes stay together
+            for m in _MID_PROC.finditer(piece, chain_end):
+                if m.start() < chain_end:
                     continue
-                before = piece[:pos]
-                # stacked prefixes ("(EngineCore_DP0 pid=1) (RayWorkerWrapper pid=2) ...") stay together
-                if not _strip_prefixes(before).rest.strip():
+                if not piece[chain_end : m.start()].strip():
+                    chain_end = _prefix_end(piece[m.start() :])[0] + m.start()
                     continue
-                cuts.append(pos)
+                cuts.append(m.start())
+                chain_end = m.end()
             cuts.append(len(piece))
             for a, b in itertools.pairwise(cuts):
                 if piece[a:b].strip():
@@ -548,6 +559,8 @@ class VllmLogTracker:
         self._cached = None
         if len(physical) > _MAX_LINE:
             physical = physical[:_MAX_LINE]
+        if physical.endswith("\r"):  # CRLF, or tqdm's last update
+            physical = physical.rstrip("\r")
         segments = _split_segments(physical)
         single = len(segments) == 1 and "\r" not in physical
         for seg in segments:
@@ -915,6 +928,8 @@ class VllmLogTracker:
         elif phase is None:
             phase = PHASE_STARTING if state == "starting" else PHASE_LOADING
         values = {k: v.get(k) for k in _VALUE_KEYS}
+        if values["load_seconds"] is None:
+            values["load_seconds"] = values["weights_seconds"]
         report = VllmLogReport(
             state=state,  # type: ignore[arg-type]
             failure_kind=self._kind if self._failed else None,  # type: ignore[arg-type]
