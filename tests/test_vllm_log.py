@@ -553,6 +553,10 @@ def test_first_root_cause_wins():
     r = parse_vllm_log(text)
     assert r.failure_kind == "oom"
     assert r.failure_line.startswith("torch.OutOfMemoryError")
+    assert r.failure_line_no == 2
+    # progress printed by other ranks after the failure does not move the timeline
+    r = parse_vllm_log(text + bar(2, 2) + "\n")
+    assert (r.state, r.phase, r.phase_events[-1][0]) == ("failed", "failed", "failed")
 
 
 @pytest.mark.parametrize(
