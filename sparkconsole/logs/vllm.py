@@ -20,8 +20,9 @@ What one physical line may hold, and what is undone before matching (see
 - terminal hard-wrap: a bare line right after a long one is also matched joined to it.
 
 State rules (the ``vllm-log`` parse contract): ``starting`` until weight loading begins
-("Starting to load model", a shard bar, or anything that comes after it such as a Ray placement
-group wait, "Model loading took", the KV-cache lines, CUDA-graph capture), ``loading`` until
+("Starting to load model", a shard bar, the >= 0.16 banner's ``model`` row that vLLM prints as it
+builds the engine for that model — the real two-Spark log 20 ends there and counts as loading —
+or anything that comes after it such as a Ray placement group wait, "Model loading took", the KV-cache lines, CUDA-graph capture), ``loading`` until
 "Application startup complete" (``ready``); ``failed`` once a fatal error or a Python traceback
 from the server, engine or workers appears (also logged frame by frame at ERROR level);
 ``unknown`` when no vLLM line was recognised. The first root cause wins: a later "Engine core
@@ -668,6 +669,9 @@ class VllmLogTracker:
             if m:
                 self._seen = True
                 self._set_model(m.group("m"), 3)
+                # The >= 0.16 banner names the model once the engine for it is being built:
+                # from here the operator is waiting on that model (expected.json, log 20).
+                self._to_loading()
         if "args" in text:
             m = _ARGS_MODEL.search(text)
             if m:
