@@ -31,10 +31,6 @@ LOGS = REAL / "vllm-logs"
 EXPECTED = json.loads((LOGS / "expected.json").read_text(encoding="utf-8"))
 BY_FILE = {e["file"]: e for e in EXPECTED}
 
-# Where expected.json disagrees with the binding parse contract (ARCHITECTURE.md, `vllm-log`):
-# log 20 ends inside the launch banner, before "Starting to load model" or any shard bar; the
-# contract says the state is `starting` until weight loading begins, so it is `starting` here.
-CONTRACT_OVERRIDES: dict[str, dict[str, str]] = {}
 
 
 def _log(name: str) -> str:
@@ -59,7 +55,7 @@ def _feed_lines(text: str) -> VllmLogTracker:
 
 @pytest.mark.parametrize("entry", EXPECTED, ids=[e["file"][:2] for e in EXPECTED])
 def test_real_log_matches_expected(entry):
-    expected = {**entry, **CONTRACT_OVERRIDES.get(entry["file"], {})}
+    expected = entry
     got = parse_vllm_log(_log(entry["file"])).contract_dict()
     assert {
         "final_state": got["state"],
