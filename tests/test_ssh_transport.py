@@ -282,6 +282,8 @@ async def test_unknown_host_key_is_rejected_with_its_fingerprint(sshd: LabSshd, 
     assert "sparkconsole trust" in msg and "\n" not in msg
     assert sshd.accepted_logins() == 0
     assert empty.read_text() == ""  # nothing was recorded
+    with pytest.raises(HostKeyError, match=re.escape(fp)):  # and it stays a key error, not retried
+        await t.run("true")
     # a missing known_hosts file trusts nothing either
     t2 = SshTransport(sshd.node_config("node-u2", known_hosts=str(tmp_path / "nope")), connect_timeout=5)
     with pytest.raises(HostKeyError, match=re.escape(fp)):

@@ -183,6 +183,7 @@ class SshTransport:
         self.max_sessions = max_sessions
         self.connections_made = 0  # how many times a connection was opened (1 = never dropped)
         self.last_error: str | None = None
+        self._last_exc: TransportError | None = None
         self._conn: asyncssh.SSHClientConnection | None = None
         self._hops: list[asyncssh.SSHClientConnection] = []  # jump connections, nearest first
         self._lock = asyncio.Lock()
@@ -397,12 +398,14 @@ class SshTransport:
             self._failures += 1
             self._retry_at = time.monotonic() + self._delay_after(self._failures)
             self.last_error = exc.message
+            self._last_exc = exc
             if self.auto_reconnect and not isinstance(exc, HostKeyError):
                 self._start_reconnect_loop()
             raise
         self._failures = 0
         self._retry_at = 0.0
         self.last_error = None
+        self._last_exc = None
         self._conn, self._hops = conn, hops
         self.connections_made += 1
         return conn
@@ -429,6 +432,9 @@ class SshTransport:
             self._drop()
             wait = self.retry_in
             if wait > 0:
+                last = self._last_exc
+                if isinstance(last, HostKeyError):  # a key problem stays a key problem
+                    raise HostKeyError(last.message, host=last.host, fingerprint=last.fingerprint)
                 raise TransportError(
                     f"{self.node}: not connected ({self.last_error or 'connection lost'}); "
                     f"next attempt in {wait:.1f} s"
