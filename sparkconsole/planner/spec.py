@@ -688,8 +688,9 @@ def load_hub(repo_id: str, offline: bool = False) -> ModelSpec:
     path = cache_path(repo_id)
     if path.exists():
         return _from_cache_doc(_read_json(path, "cached spec"), repo_id, f"cached {path.name}")
-    if offline:
-        raise UserError(f"{repo_id}: not bundled and not cached, and offline")
+    if offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise UserError(f"{repo_id}: not bundled and not cached, and offline (give a local config.json "
+                        "or model directory)")
     doc = _fetch_hub(repo_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
