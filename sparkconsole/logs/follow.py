@@ -1,0 +1,478 @@
+"""Following a log over a transport, re-attaching when the stream drops, and a bounded buffer.
+
+:class:`LogFollower` runs ``docker logs -f -t --tail N NAME`` (or ``journalctl -f``) through
+``transport.stream`` and yields events:
+
+- :class:`LogLine` for each line (docker's ``-t`` timestamp split off into ``timestamp`` and kept
+  for merging and de-duplication, the text without it for display);
+- :class:`StreamDropped` when the stream ends or fails (the container stopped or restarted, the
+  remote ``docker logs`` was killed, the SSH connection broke), with the reason and the wait;
+- :class:`Reattached` once a new stream is up again (its first line came, or it stayed open for
+  ``settle_s``).
+
+Re-attaching waits by ``backoff`` (reset once a stream is up again) and asks only for what was not
+seen: ``--since <last timestamp> --tail all``; lines at or before the last timestamp that were
+already delivered are dropped, so nothing is shown twice and nothing printed meanwhile is lost.
+Without timestamps (journalctl) it re-attaches with ``--tail 0`` (nothing repeated).
+
+:func:`merge_by_time` merges several followers (the head's and the workers' logs of one
+deployment) by docker timestamp, each line keeping its ``source`` label. :class:`LogBuffer` is the
+pure, bounded line store behind the log screen: search, filter, next error, markers.
+No Textual here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import re
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from sparkconsole.errors import TransportError
+from sparkconsole.remote import docker_logs, journalctl_follow, validate_container, validate_unit
+from sparkconsole.transport.base import CommandLike, Transport
+
+# ---- events -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line. ``text`` is for display (docker's timestamp removed); ``timestamp`` keeps it."""
+
+    text: str
+    source: str = ""
+    received_at: float = 0.0
+    timestamp: str | None = None  # RFC 3339 with nanoseconds, as ``docker logs -t`` printed it
+
+    @property
+    def sort_key(self) -> int | None:
+        return timestamp_key(self.timestamp) if self.timestamp else None
+
+
+@dataclass(frozen=True)
+class StreamDropped:
+    """The stream ended or failed; the follower re-attaches in ``retry_in`` seconds."""
+
+    reason: str
+    retry_in: float
+    source: str = ""
+    attempt: int = 1  # consecutive drops without a stream that came up in between
+
+
+@dataclass(frozen=True)
+class Reattached:
+    """A new stream is up after a drop."""
+
+    source: str = ""
+    since: str | None = None  # the ``--since`` it re-attached with, if any
+
+
+FollowEvent = LogLine | StreamDropped | Reattached
+
+# ---- timestamps ---------------------------------------------------------------------------
+
+_TS_PREFIX = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d))(?: |$)")
+_TS_PARTS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
+
+
+def timestamp_key(ts: str) -> int | None:
+    """Nanoseconds since the epoch for an RFC 3339 timestamp (``None`` when unreadable)."""
+    m = _TS_PARTS.match(ts)
+    if not m:
+        return None
+    base, frac, tz = m.groups()
+    try:
+        dt = datetime.fromisoformat(base + ("+00:00" if tz == "Z" else tz))
+    except ValueError:
+        return None
+    return int(dt.timestamp()) * 1_000_000_000 + int((frac or "0").ljust(9, "0"))
+
+
+def split_timestamp(raw: str) -> tuple[str | None, str]:
+    """``("2026-...Z", "text")`` for a ``docker logs -t`` line, ``(None, raw)`` otherwise."""
+    m = _TS_PREFIX.match(raw)
+    if not m:
+        return None, raw
+    return m.group(1), raw[m.end():]
+
+
+# ---- commands -----------------------------------------------------------------------------
+
+CommandFactory = Callable[[int | None, str | None], CommandLike]
+"""``(tail, since) -> command``: ``tail=None`` means every line; ``since`` a docker timestamp."""
+
+
+def docker_follow(container: str) -> CommandFactory:
+    """The factory for ``docker logs -f -t``: first ``--tail N``, on re-attach ``--since T``."""
+    validate_container(container)
+
+    def factory(tail: int | None, since: str | None) -> CommandLike:
+        return docker_logs(container, tail=tail, follow=True, timestamps=True, since=since)
+
+    return factory
+
+
+def journal_follow(unit: str) -> CommandFactory:
+    """The factory for ``journalctl -f -u UNIT`` (no timestamps to merge on: re-attach from now)."""
+    validate_unit(unit)
+
+    def factory(tail: int | None, since: str | None) -> CommandLike:
+        return journalctl_follow(unit, lines=0 if tail is None else tail)
+
+    return factory
+
+
+# ---- the follower -------------------------------------------------------------------------
+
+
+class LogFollower:
+    """Follow one log, re-attaching with backoff. Iterate it: ``async for event in follower``."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        command_factory: CommandFactory,
+        *,
+        tail: int = 200,
+        backoff: Sequence[float] = (0.5, 1, 2, 4, 8),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+        source: str = "",
+        settle_s: float = 1.0,
+        max_drops: int | None = None,
+    ) -> None:
+        self.transport = transport
+        self.command_factory = command_factory
+        self.tail = tail
+        self.backoff = tuple(backoff) or (1.0,)
+        self.clock = clock
+        self.sleep = sleep
+        self.source = source
+        self.settle_s = settle_s
+        self.max_drops = max_drops  # stop after this many drops in a row (None: never)
+        self.last_timestamp: str | None = None
+        self.lines_delivered = 0
+        self.drops = 0
+        self.commands: list[str] = []  # the shell text of every attach, in order
+        self._last_key: int | None = None
+        self._at_last: set[str] = set()
+        self._closed = False
+        self._iter: AsyncIterator[FollowEvent] | None = None
+
+    def __aiter__(self) -> AsyncIterator[FollowEvent]:
+        if self._iter is None:
+            self._iter = self.events()
+        return self._iter
+
+    async def aclose(self) -> None:
+        self._closed = True
+        it, self._iter = self._iter, None
+        if it is not None:
+            with contextlib.suppress(Exception):
+                await it.aclose()  # type: ignore[attr-defined]
+
+    def _next_command(self, reattach: bool) -> CommandLike:
+        if not reattach or self.lines_delivered == 0:
+            return self.command_factory(self.tail, None)
+        if self.last_timestamp is not None:
+            return self.command_factory(None, self.last_timestamp)
+        return self.command_factory(0, None)
+
+    def _accept(self, raw: str, replaying: bool) -> tuple[LogLine | None, bool]:
+        """The event for ``raw`` (``None`` when already delivered) and whether replay is over."""
+        ts, text = split_timestamp(raw)
+        key = timestamp_key(ts) if ts else None
+        if key is not None:
+            if replaying and self._last_key is not None:
+                if key < self._last_key or (key == self._last_key and text in self._at_last):
+                    return None, True
+                replaying = False
+            if key != self._last_key:
+                self._last_key = key
+                self._at_last = set()
+            self._at_last.add(text)
+            self.last_timestamp = ts
+        self.lines_delivered += 1
+        return LogLine(text=text, source=self.source, received_at=self.clock(), timestamp=ts), replaying
+
+    async def events(self) -> AsyncIterator[FollowEvent]:
+        consecutive = 0
+        reattach = False
+        while not self._closed:
+            cmd = self._next_command(reattach)
+            self.commands.append(cmd if isinstance(cmd, str) else cmd.shell())
+            since = self.last_timestamp if reattach and self.lines_delivered else None
+            queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+            pump = asyncio.create_task(self._pump(cmd, queue))
+            waiting_up = reattach  # a Reattached is owed once this stream proves to be up
+            replaying = reattach and self._last_key is not None
+            up_at = self.clock() + self.settle_s
+            reason = "stream ended"
+            try:
+                while True:
+                    timeout = max(0.0, up_at - self.clock()) if waiting_up else None
+                    try:
+                        kind, value = await asyncio.wait_for(queue.get(), timeout)
+                    except TimeoutError:
+                        waiting_up = False
+                        consecutive = 0
+                        yield Reattached(source=self.source, since=since)
+                        continue
+                    if kind != "line":
+                        reason = value
+                        break
+                    if waiting_up:
+                        waiting_up = False
+                        consecutive = 0
+                        yield Reattached(source=self.source, since=since)
+                    event, replaying = self._accept(value, replaying)
+                    if event is not None:
+                        consecutive = 0
+                        yield event
+            finally:
+                pump.cancel()
+                with contextlib.suppress(BaseException):
+                    await pump
+            if self._closed:
+                return
+            consecutive += 1
+            self.drops += 1
+            delay = self.backoff[min(consecutive - 1, len(self.backoff) - 1)]
+            yield StreamDropped(reason=reason, retry_in=delay, source=self.source, attempt=consecutive)
+            if self.max_drops is not None and consecutive >= self.max_drops:
+                return
+            await self.sleep(delay)
+            reattach = True
+
+    async def _pump(self, cmd: CommandLike, queue: asyncio.Queue[tuple[str, str]]) -> None:
+        stream = self.transport.stream(cmd)
+        try:
+            async for line in stream:
+                queue.put_nowait(("line", line))
+            queue.put_nowait(("end", "stream ended (the log's command exited)"))
+        except TransportError as exc:
+            queue.put_nowait(("end", exc.message))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an unexpected transport failure must not kill the follower
+            queue.put_nowait(("end", f"{type(exc).__name__}: {exc}"))
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(BaseException):
+                    await aclose()
+
+
+# ---- merging ------------------------------------------------------------------------------
+
+
+def merge_lines(*streams: Iterable[LogLine]) -> list[LogLine]:
+    """Finished line lists merged by docker timestamp (stable; lines without one keep their
+    place after their source's previous line)."""
+    keyed: list[list[tuple[int, int, LogLine]]] = []
+    seq = 0
+    for stream in streams:
+        last = 0
+        rows = []
+        for line in stream:
+            key = line.sort_key
+            last = key if key is not None else last
+            rows.append((last, seq, line))
+            seq += 1
+        keyed.append(rows)
+    return [row[2] for row in heapq.merge(*keyed)]
+
+
+async def merge_by_time(
+    streams: Iterable[AsyncIterable[FollowEvent]],
+    *,
+    window: float = 0.3,
+    clock: Callable[[], float] = time.monotonic,
+) -> AsyncIterator[FollowEvent]:
+    """Live merge of several followers: lines are held ``window`` seconds and released in
+    docker-timestamp order, so head and worker lines interleave by when they were printed.
+    Drops and re-attaches pass straight through. Ends when every stream has ended."""
+    queue: asyncio.Queue[tuple[int, FollowEvent | None]] = asyncio.Queue()
+    sources = list(streams)
+
+    async def pump(i: int, stream: AsyncIterable[FollowEvent]) -> None:
+        try:
+            async for event in stream:
+                queue.put_nowait((i, event))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(sources)]
+    held: list[tuple[int, int, float, LogLine]] = []
+    last_key: dict[int, int] = {}
+    seq = 0
+    alive = len(tasks)
+    try:
+        while alive or held:
+            timeout = None
+            if held:
+                oldest = min(h[2] for h in held)
+                timeout = max(0.0, oldest + window - clock())
+            item: tuple[int, FollowEvent | None] | None = None
+            if alive:
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout)
+                except TimeoutError:
+                    item = None
+            if item is not None:
+                i, event = item
+                if event is None:
+                    alive -= 1
+                elif isinstance(event, LogLine):
+                    key = event.sort_key
+                    key = key if key is not None else last_key.get(i, 0)
+                    last_key[i] = key
+                    heapq.heappush(held, (key, seq, clock(), event))
+                    seq += 1
+                else:
+                    yield event
+            now = clock()
+            flush_all = not alive
+            while held and (flush_all or any(h[2] + window <= now for h in held)):
+                # release in key order everything up to the newest line that is due
+                _key, _seq, _at, line = heapq.heappop(held)
+                yield line
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ---- the buffer ---------------------------------------------------------------------------
+
+ERROR_PATTERN = re.compile(
+    r"\bERROR\b|Traceback \(most recent call last\)|CUDA out of memory|OutOfMemoryError"
+    r"|NCCL WARN|NCCL error|\b[A-Z][A-Za-z]*(?:Error|Exception)\b:?|\bFATAL\b|\bCRITICAL\b"
+    r"|Segmentation fault|core dumped|\bKilled\b"
+)
+
+
+@dataclass(frozen=True)
+class BufferLine:
+    text: str
+    source: str = ""
+    kind: Literal["line", "marker"] = "line"
+    timestamp: str | None = None
+
+    @property
+    def display(self) -> str:
+        return f"[{self.source}] {self.text}" if self.source and self.kind == "line" else self.text
+
+
+def display_text(text: str) -> str:
+    """What a terminal would show for a line: the last ``\\r`` segment, tabs expanded, no
+    escape sequences or control characters."""
+    if "\r" in text:
+        parts = [p for p in text.split("\r") if p.strip()]
+        text = parts[-1] if parts else ""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    text = text.expandtabs(4)
+    return "".join(ch for ch in text if ch >= " " or ch == "\t")
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """A search pattern: a literal, case-insensitive."""
+    return re.compile(re.escape(pattern), re.IGNORECASE)
+
+
+class LogBuffer:
+    """The last ``max_lines`` lines (markers included). Indexes are positions in ``lines``."""
+
+    def __init__(self, max_lines: int = 5000) -> None:
+        if max_lines < 1:
+            raise ValueError("max_lines must be at least 1")
+        self.max_lines = max_lines
+        self._lines: deque[BufferLine] = deque(maxlen=max_lines)
+        self.dropped = 0  # lines pushed out at the top so far
+        self.markers = 0
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def __getitem__(self, index: int) -> BufferLine:
+        return self._lines[index]
+
+    @property
+    def lines(self) -> list[BufferLine]:
+        return list(self._lines)
+
+    def _push(self, line: BufferLine) -> BufferLine:
+        if len(self._lines) == self.max_lines:
+            self.dropped += 1
+        self._lines.append(line)
+        return line
+
+    def append(self, text: str, source: str = "", timestamp: str | None = None) -> BufferLine:
+        return self._push(BufferLine(display_text(text), source=source, timestamp=timestamp))
+
+    def extend(self, texts: Iterable[str], source: str = "") -> None:
+        for text in texts:
+            self.append(text, source)
+
+    def add_marker(self, label: str | None = None, when: datetime | None = None) -> BufferLine:
+        self.markers += 1
+        stamp = (when or datetime.now()).strftime("%H:%M:%S")
+        text = f"──── mark {self.markers} · {stamp}{' · ' + label if label else ''} ────"
+        return self._push(BufferLine(text, kind="marker"))
+
+    def clear(self) -> None:
+        self._lines.clear()
+
+    # -- search ---------------------------------------------------------------------------
+
+    def _scan(
+        self, test: Callable[[BufferLine], bool], start: int, backwards: bool, wrap: bool
+    ) -> int | None:
+        n = len(self._lines)
+        if n == 0:
+            return None
+        order: Iterable[int]
+        if backwards:
+            first = min(start, n) - 1
+            order = list(range(first, -1, -1)) + (list(range(n - 1, first, -1)) if wrap else [])
+        else:
+            first = max(start, -1) + 1
+            order = list(range(first, n)) + (list(range(0, min(first, n))) if wrap else [])
+        for i in order:
+            if test(self._lines[i]):
+                return i
+        return None
+
+    def find_next(
+        self, pattern: str, start: int = -1, backwards: bool = False, wrap: bool = True
+    ) -> int | None:
+        """The index of the next line matching ``pattern`` after ``start`` (before it when
+        ``backwards``), wrapping around; ``None`` when no line matches."""
+        if not pattern:
+            return None
+        rx = compile_pattern(pattern)
+        return self._scan(lambda ln: ln.kind == "line" and bool(rx.search(ln.display)), start, backwards, wrap)
+
+    def matches(self, pattern: str) -> list[int]:
+        """Indexes of every matching line (filter mode shows these)."""
+        if not pattern:
+            return list(range(len(self._lines)))
+        rx = compile_pattern(pattern)
+        return [i for i, ln in enumerate(self._lines) if ln.kind == "marker" or rx.search(ln.display)]
+
+    def filtered(self, pattern: str) -> list[BufferLine]:
+        return [self._lines[i] for i in self.matches(pattern)]
+
+    def next_error(self, start: int = -1, backwards: bool = False, wrap: bool = True) -> int | None:
+        """The next line that reads like an error (ERROR, Traceback, CUDA OOM, NCCL WARN, ...)."""
+        return self._scan(lambda ln: ln.kind == "line" and is_error(ln.text), start, backwards, wrap)
+
+
+def is_error(text: str) -> bool:
+    return bool(ERROR_PATTERN.search(text))
