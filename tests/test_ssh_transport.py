@@ -482,3 +482,19 @@ def test_known_hosts_format_and_hashed_entries(sshd: LabSshd, tmp_path: Path) ->
     assert key_status(kh, "10.0.0.2", 22, key) == "unknown"
     assert key_status(kh, "spark-1", 22, host_key_from(other)) == "changed"
     assert len(recorded_keys(kh, "spark-1", 22)[0]) == 1
+
+
+async def test_user_known_hosts_none_does_not_turn_checking_off(
+    sshd: LabSshd, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.ssh/known_hosts either
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        sshd.ssh_config.read_text().replace(f"UserKnownHostsFile {sshd.known_hosts}", "UserKnownHostsFile none")
+        + "  StrictHostKeyChecking no\n"
+    )
+    t = SshTransport(NodeConfig(name="careless", host=sshd.alias, ssh_config=str(cfg)), connect_timeout=5)
+    with pytest.raises(HostKeyError, match=re.escape(fingerprint_of(sshd.host_pub))):
+        await t.connect()
+    await t.close()
+    assert sshd.accepted_logins() == 0
