@@ -80,7 +80,9 @@ def test_real_probe_this_machine():
     assert set(s.sections) == set(names)  # in SECTIONS order
     if secs["gpu"].rc == 127:  # no NVIDIA GPU on this machine: the failure is said, not zeroed
         assert s.unknown["gpu"] == "nvidia-smi: not found (exit 127)"
-        assert s.gpus == () and s.memory.gpu_process_bytes is None and s.memory.other_used_bytes is None
+        assert s.gpus == () and s.memory.gpu_process_bytes is None
+        # no GPU: everything used is "other"
+        assert s.memory.other_used_bytes == s.memory.total_bytes - s.memory.available_bytes
     if secs["ray-status"].rc not in (0, None):
         assert s.ray is None and "ray" in s.unknown
     json.dumps(s.to_dict())  # snapshot --json must be able to print it
@@ -148,7 +150,9 @@ def test_failed_gpu_apps_means_unknown_not_zero():
     secs = gb10_sections()
     secs["gpu-apps"] = SectionOutput("gpu-apps", "sh: 1: nvidia-smi: not found", 127)
     s = assemble_sample("spark-1", 10.0, secs)
-    assert s.memory.gpu_process_bytes is None and s.memory.other_used_bytes is None
+    assert s.memory.gpu_process_bytes is None
+    # the GPU share is unknown, so the used amount is not split (and not shown as 0)
+    assert s.memory.other_used_bytes == s.memory.total_bytes - s.memory.available_bytes
     assert s.unknown["gpu_processes"] == "nvidia-smi: not found (exit 127)"
     assert "memory.gpu_process" in s.unknown
 

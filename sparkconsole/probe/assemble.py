@@ -118,9 +118,12 @@ def _unified_memory(
     page_cache = None
     if meminfo.cached_bytes is not None or meminfo.buffers_bytes is not None:
         page_cache = (meminfo.cached_bytes or 0) + (meminfo.buffers_bytes or 0)
+    unified = _is_unified(gpus)
     other = None
-    if total is not None and avail is not None and gpu_bytes is not None:
-        other = max(0, total - avail - (gpu_bytes if (_is_unified(gpus) or not gpus) else 0))
+    if total is not None and avail is not None:
+        # GPU memory comes out of this pool only on a unified node; when its share is unknown
+        # the whole used amount shows as "other" (the reason for the GPU part is kept apart).
+        other = max(0, total - avail - ((gpu_bytes or 0) if unified else 0))
     swap_used = None
     if meminfo.swap_total_bytes is not None and meminfo.swap_free_bytes is not None:
         swap_used = max(0, meminfo.swap_total_bytes - meminfo.swap_free_bytes)
@@ -130,6 +133,7 @@ def _unified_memory(
         gpu_process_bytes=gpu_bytes,
         page_cache_bytes=page_cache,
         other_used_bytes=other,
+        unified=unified,
         swap_total_bytes=meminfo.swap_total_bytes,
         swap_used_bytes=swap_used,
     )

@@ -188,6 +188,7 @@ class UnifiedMemory:
     other_used_bytes: int | None = None
     swap_total_bytes: int | None = None
     swap_used_bytes: int | None = None
+    unified: bool = False  # GPU memory is part of this pool (GB10), not on a card of its own
 
     @property
     def used_bytes(self) -> int | None:

@@ -78,7 +78,7 @@ def memory_bar(mem: UnifiedMemory, width: int) -> Text:
     avail = mem.available_bytes or 0
     cache = min(mem.page_cache_bytes or 0, avail)
     parts = [
-        ("gpu", mem.gpu_process_bytes or 0),
+        ("gpu", (mem.gpu_process_bytes or 0) if mem.unified else 0),
         ("other", mem.other_used_bytes or 0),
         ("cache", cache),
         ("free", max(avail - cache, 0)),
@@ -100,7 +100,7 @@ def memory_legend(mem: UnifiedMemory) -> Text:
     free_beyond_cache = None if avail is None else max(avail - min(cache or 0, avail), 0)
     text = Text()
     for key, label, value in (
-        ("gpu", "GPU procs", mem.gpu_process_bytes),
+        ("gpu", "GPU procs" if mem.unified else "GPU (own memory)", mem.gpu_process_bytes),
         ("other", "other", mem.other_used_bytes),
         ("cache", "cache", cache),
         ("free", "free", free_beyond_cache),
