@@ -1040,7 +1040,7 @@ def parse_nproc(text: str, reasons: Reasons = None) -> int | None:
     """``nproc``: one integer."""
     for line in str(text).splitlines():
         s = line.strip()
-        if s.isdigit() and 0 < len(s) < 7:
+        if re.fullmatch(r"[0-9]{1,6}", s):
             return int(s)
     _note(reasons, "host.cpu_count", tool_error(text) or "no number from nproc")
     return None
