@@ -95,7 +95,7 @@ class SparkConsoleApp(App[int]):
         self.remember_theme = remember_theme
         self.paused = False
         self.poller: ClusterPoller | None = None
-        self._timers: dict[str, Timer] = {}
+        self._poll_timers: dict[str, Timer] = {}
         self._stack = contextlib.AsyncExitStack()
         self.demo_cluster: Any = None
         self.startup_error: str | None = None
@@ -135,7 +135,7 @@ class SparkConsoleApp(App[int]):
     def _subtitle(self) -> str:
         mode = " · READ-ONLY" if self.config.read_only else ""
         demo = f" · demo: {self.demo.scenario}" if self.demo else ""
-        return f"{self.config.name} · {len(self.config.nodes)} nodes{demo}{mode}"
+        return f"{self.config.name} · {len(self.config.nodes)} node{"s" if len(self.config.nodes) != 1 else ""}{demo}{mode}"
 
     # ---- polling --------------------------------------------------------------------------------
 
@@ -151,7 +151,7 @@ class SparkConsoleApp(App[int]):
         group = f"poll:{name}"
         if any(w.group == group and w.state in (WorkerState.PENDING, WorkerState.RUNNING) for w in self.workers):
             return
-        timer = self._timers.pop(name, None)
+        timer = self._poll_timers.pop(name, None)
         if timer is not None:
             timer.stop()
         worker = self._poll(name)
@@ -170,7 +170,7 @@ class SparkConsoleApp(App[int]):
         if event.state in (WorkerState.SUCCESS, WorkerState.ERROR):
             self._show_node(name)
             if self.is_running:
-                self._timers[name] = self.set_timer(self.interval, partial(self.poll_node, name))
+                self._poll_timers[name] = self.set_timer(self.interval, partial(self.poll_node, name))
 
     def _show_node(self, name: str) -> None:
         screen = self.screen
@@ -308,4 +308,6 @@ def run_console(config: ClusterConfig | None = None, *, demo: DemoOptions | None
         from sparkconsole.errors import UserError
 
         raise UserError(app.startup_error)
+    if app.return_code:
+        return app.return_code
     return int(result or 0)

@@ -12,11 +12,35 @@ from textual.widgets import Static
 
 from sparkconsole.ui.keymap import HELP_BINDINGS
 
+_KEY_NAMES = {"question_mark": "?", "slash": "/", "plus": "+", "minus": "-", "equals_sign": "=",
+              "escape": "esc", "enter": "⏎"}
 
-def _keys(binding: Binding) -> str:
-    if binding.key_display:
-        return binding.key_display
-    return ", ".join(k.replace("question_mark", "?").replace("slash", "/") for k in binding.key.split(","))
+
+def _key_name(key: str) -> str:
+    return _KEY_NAMES.get(key, key)
+
+
+def _rows(bindings) -> list[tuple[str, str, str]]:
+    """(keys, what it does, id) per binding id, keys merged, in definition order."""
+    by_id: dict[str, tuple[list[str], Binding]] = {}
+    for key, items in bindings.key_to_bindings.items():
+        for b in items:
+            if b.id is None:
+                continue
+            keys, _ = by_id.setdefault(b.id, ([], b))
+            if key not in keys:
+                keys.append(key)
+    rows: list[tuple[str, str, str]] = []
+    nodes: list[str] = []
+    for bid, (keys, b) in by_id.items():
+        if bid.startswith("app.node"):
+            nodes.extend(keys)
+            continue
+        shown = b.key_display if b.key_display and len(keys) == 1 else ", ".join(_key_name(k) for k in keys)
+        rows.append((shown, b.tooltip or b.description, bid))
+    if nodes:
+        rows.append((f"{min(nodes)}…{max(nodes)}", "Open the detail of node N.", "app.node1…9"))
+    return rows
 
 
 def help_table(screen: Screen) -> Table:
@@ -25,21 +49,15 @@ def help_table(screen: Screen) -> Table:
     table.add_column("key", style="bold cyan", no_wrap=True)
     table.add_column("does")
     table.add_column("id", style="dim", no_wrap=True)
-    seen: set[str] = set()
-    groups = [(type(screen).__name__.replace("Screen", ""), screen._bindings), ("everywhere", screen.app._bindings)]
-    for title, bindings in groups:
-        rows = []
-        for _key, items in bindings.key_to_bindings.items():
-            for b in items:
-                if b.id in seen or b.id is None:
-                    continue
-                seen.add(b.id)
-                rows.append(b)
+    title = type(screen).__name__.replace("Screen", "") or "screen"
+    for heading, bindings in ((title, screen._bindings), ("everywhere", screen.app._bindings)):
+        rows = _rows(bindings)
         if not rows:
             continue
-        table.add_row(Text(title, style="bold underline"), "", "")
-        for b in sorted(rows, key=lambda b: b.id or ""):
-            table.add_row(_keys(b), b.tooltip or b.description, b.id or "")
+        table.add_row(Text(heading, style="bold underline"), "", "")
+        for row in rows:
+            table.add_row(*row)
+        table.add_row("", "", "")
     return table
 
 

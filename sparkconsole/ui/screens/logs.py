@@ -1,0 +1,543 @@
+"""The live log screen: a followed log in a bounded ``Log`` widget, with a vLLM panel on top.
+
+Push it with a callable that returns the follower (so the stream starts when the screen mounts)::
+
+    transport = ...                                  # the node's Transport
+    app.push_screen(LogScreen(
+        "spark-01", "vllm",
+        lambda: LogFollower(transport, docker_follow("vllm"), tail=200),
+    ))
+
+Tail rules (Toolong): scrolling up pauses following and a badge counts the lines that came
+meanwhile; ``End`` resumes. ``/`` searches (``n``/``N`` next/previous match), ``f`` shows only
+matching lines, ``e`` jumps to the next error, ``m`` drops a marker line. When the stream drops a
+banner says so and when it is back, that too. The follower runs in a worker (``exit_on_error=False``)
+that is cancelled when the screen closes, which closes the remote ``docker logs``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import re
+from collections.abc import AsyncIterable, Callable
+from typing import Any
+
+from rich.highlighter import Highlighter
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Log, ProgressBar, Static
+
+from sparkconsole.logs.follow import (
+    ERROR_PATTERN,
+    FollowEvent,
+    LogBuffer,
+    LogLine,
+    Reattached,
+    StreamDropped,
+    compile_pattern,
+)
+from sparkconsole.logs.vllm import VllmLogReport, VllmLogTracker
+
+FollowerFactory = Callable[[], AsyncIterable[FollowEvent]]
+MARKER_PREFIX = "──── mark "
+
+
+class LogHighlighter(Highlighter):
+    """Errors in red, marker lines in yellow, the current search pattern reversed."""
+
+    def __init__(self) -> None:
+        self.pattern: re.Pattern[str] | None = None
+
+    def highlight(self, text: Text) -> None:
+        plain = text.plain
+        if plain.startswith(MARKER_PREFIX):
+            text.stylize("bold yellow")
+            return
+        text.highlight_regex(ERROR_PATTERN, "bold red")
+        if self.pattern is not None:
+            text.highlight_regex(self.pattern, "reverse")
+
+
+def _gib(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f} GiB"
+
+
+def _clock(seconds: float | int | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def report_lines(r: VllmLogReport) -> dict[str, str]:
+    """The panel's texts for a report (pure; the tests read these)."""
+    head = f"vLLM {r.vllm_version or '?'}"
+    if r.model:
+        head += f" · {r.model}"
+    state = r.state.upper()
+    if r.phase and r.state not in ("ready", "failed"):
+        state += f" ({r.phase})"
+    out = {"head": f"{head} · {state}"}
+    if r.shards_total:
+        bits = [f"weights {r.shards_done or 0}/{r.shards_total} shards"]
+        if r.shard_rate:
+            bits.append(r.shard_rate)
+        if r.shards_done is not None and r.shards_done >= r.shards_total:
+            if r.weights_seconds is not None:
+                bits.append(f"took {r.weights_seconds:.1f} s")
+        elif r.shard_eta_s is not None:
+            bits.append(f"ETA {_clock(r.shard_eta_s)}")
+        out["shards"] = " · ".join(bits)
+    facts = []
+    if r.model_load_gib is not None or r.load_seconds is not None:
+        load = f"loaded {_gib(r.model_load_gib)}"
+        if r.load_seconds is not None:
+            load += f" in {r.load_seconds:.1f} s"
+        facts.append(load)
+    if r.kv_cache_gib is not None or r.kv_cache_tokens is not None:
+        kv = f"KV cache {_gib(r.kv_cache_gib)}"
+        if r.kv_cache_tokens is not None:
+            kv += f" · {r.kv_cache_tokens:,} tokens"
+        if r.max_concurrency is not None:
+            kv += f" · max concurrency {r.max_concurrency:.2f}x"
+        facts.append(kv)
+    if r.cuda_graph_total:
+        g = f"CUDA graphs {r.cuda_graph_done or 0}/{r.cuda_graph_total}"
+        if r.cuda_graph_mode:
+            g += f" ({r.cuda_graph_mode})"
+        facts.append(g)
+    if facts:
+        out["facts"] = " · ".join(facts)
+    if r.state == "ready":
+        where = f" on port {r.port}" if r.port is not None else ""
+        out["ready"] = f"✓ ready: serving{where}"
+    if r.state == "failed":
+        out["failure"] = f"✗ failed ({r.failure_kind or 'other'}): {(r.failure_line or '').strip()}"
+        if r.advice:
+            out["advice"] = f"→ {r.advice}"
+    return out
+
+
+class VllmPanel(Vertical):
+    """State, a shards progress bar with rate and ETA, load, KV cache, CUDA graphs, failure."""
+
+    DEFAULT_CSS = """
+    VllmPanel { height: auto; padding: 0 1; border: round $accent; display: none; }
+    VllmPanel.-seen { display: block; }
+    VllmPanel.-failed { border: round $error; }
+    VllmPanel.-ready { border: round $success; }
+    VllmPanel #vllm-head { text-style: bold; }
+    VllmPanel #vllm-progress-row { height: 1; }
+    VllmPanel #vllm-progress { width: 40; }
+    VllmPanel #vllm-shards { width: 1fr; padding-left: 1; }
+    VllmPanel #vllm-failure { color: $error; text-style: bold; }
+    VllmPanel #vllm-advice { color: $warning; }
+    VllmPanel #vllm-ready { color: $success; text-style: bold; }
+    VllmPanel .-empty { display: none; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="vllm-head")
+        with Horizontal(id="vllm-progress-row", classes="-empty"):
+            yield ProgressBar(total=None, show_eta=False, id="vllm-progress")
+            yield Static(id="vllm-shards")
+        for part in ("facts", "ready", "failure", "advice"):
+            yield Static(id=f"vllm-{part}", classes="-empty")
+
+    def show(self, report: VllmLogReport) -> None:
+        self.set_class(report.state != "unknown", "-seen")
+        self.set_class(report.state == "failed", "-failed")
+        self.set_class(report.state == "ready", "-ready")
+        texts = report_lines(report)
+        self.query_one("#vllm-head", Static).update(texts["head"])
+        row = self.query_one("#vllm-progress-row")
+        row.set_class("shards" not in texts, "-empty")
+        if "shards" in texts:
+            bar = self.query_one("#vllm-progress", ProgressBar)
+            bar.update(total=report.shards_total, progress=report.shards_done or 0)
+            self.query_one("#vllm-shards", Static).update(texts["shards"])
+        for part in ("facts", "ready", "failure", "advice"):
+            w = self.query_one(f"#vllm-{part}", Static)
+            w.set_class(part not in texts, "-empty")
+            w.update(texts.get(part, ""))
+
+
+class LogScreen(Screen[None]):
+    """A followed log of one service on one node."""
+
+    HELP = (
+        "A live log. Scroll up to pause following (a badge counts new lines), End to follow again. "
+        "/ searches, n/N move between matches, f shows only matching lines, e jumps to the next "
+        "error, m drops a marker line."
+    )
+
+    DEFAULT_CSS = """
+    LogScreen { layout: vertical; }
+    LogScreen #log-title { height: 1; background: $panel; text-style: bold; padding: 0 1; }
+    LogScreen #log-banner { height: 1; padding: 0 1; display: none; }
+    LogScreen #log-banner.-dropped { display: block; background: $error; color: $text; text-style: bold; }
+    LogScreen #log-banner.-back { display: block; background: $success; color: $text; }
+    LogScreen #log { height: 1fr; }
+    LogScreen #log-status-row { height: 1; background: $panel; }
+    LogScreen #log-status { width: 1fr; padding: 0 1; }
+    LogScreen #new-lines { width: auto; padding: 0 1; background: $warning; color: $text; display: none; }
+    LogScreen #new-lines.-shown { display: block; }
+    LogScreen #search { dock: bottom; display: none; }
+    LogScreen #search.-shown { display: block; }
+    """
+
+    BINDINGS = [
+        Binding("end", "follow", "Follow", id="logs.follow", priority=True,
+                tooltip="Jump to the newest line and follow the log again."),
+        Binding("slash", "search", "Search", key_display="/", id="logs.search",
+                tooltip="Search the log (a literal, any case)."),
+        Binding("n", "find(False)", "Next", id="logs.next", tooltip="Next match of the search."),
+        Binding("N", "find(True)", "Prev", id="logs.prev", tooltip="Previous match of the search."),
+        Binding("f", "toggle_filter", "Filter", id="logs.filter",
+                tooltip="Show only the lines matching the search (markers stay)."),
+        Binding("e", "next_error", "Next error", id="logs.error",
+                tooltip="Jump to the next ERROR / Traceback / CUDA out of memory / NCCL WARN line."),
+        Binding("m", "marker", "Mark", id="logs.marker", tooltip="Drop a marker line with the time."),
+        Binding("escape", "close", "Back", id="logs.close", tooltip="Close the search, or the log screen."),
+    ]
+
+    def __init__(
+        self,
+        node: str,
+        title: str,
+        follower_factory: FollowerFactory,
+        *,
+        max_lines: int = 5000,
+        vllm: bool = True,
+        name: str | None = None,
+        id: str | None = None,
+    ) -> None:
+        super().__init__(name=name, id=id)
+        self.node = node
+        self.log_title = title
+        self.follower_factory = follower_factory
+        self.max_lines = max_lines
+        self.buffer = LogBuffer(max_lines)
+        self.tracker = VllmLogTracker() if vllm else None
+        self.highlighter = LogHighlighter()
+        self.pattern = ""
+        self.filter_on = False
+        self.new_lines = 0
+        self.cursor: int | None = None  # absolute index of the last match / error jumped to
+        self.stream_state = "connecting"  # connecting / live / dropped
+        self.drops = 0
+        self._view: list[int] | None = None  # filtered: absolute buffer index per Log line
+        self._search_intent = "search"
+        self._panel_scheduled = False
+        self._last_report: VllmLogReport | None = None
+        self._banner_timer: Any = None
+
+    # ---- layout -----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text.assemble((self.node, "bold cyan"), " · ", (self.log_title, "bold")), id="log-title")
+        if self.tracker is not None:
+            yield VllmPanel(id="vllm-panel")
+        yield Static(id="log-banner")
+        log = Log(max_lines=self.max_lines, auto_scroll=True, highlight=True, id="log")
+        log.highlighter = self.highlighter
+        yield log
+        with Horizontal(id="log-status-row"):
+            yield Static(id="log-status")
+            yield Static(id="new-lines")
+        yield Input(placeholder="search (Enter: find · Esc: cancel)", id="search")
+        yield Footer()
+
+    @property
+    def log_view(self) -> Log:
+        return self.query_one("#log", Log)
+
+    def on_mount(self) -> None:
+        self.log_view.focus()
+        self.watch(self.log_view, "scroll_y", self._on_scroll, init=False)
+        self._update_status()
+        self.follow_worker = self._follow()
+
+    def on_unmount(self) -> None:
+        self.workers.cancel_node(self)
+
+    # ---- the stream -------------------------------------------------------------------------
+
+    @work(exit_on_error=False, group="log-follow", exclusive=True)
+    async def _follow(self) -> None:
+        follower = self.follower_factory()
+        try:
+            async for event in follower:
+                self.handle_event(event)
+        finally:
+            aclose = getattr(follower, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    def handle_event(self, event: FollowEvent) -> None:
+        """One follower event into the screen (public so a driver can feed it directly)."""
+        if isinstance(event, LogLine):
+            if self.stream_state != "live":
+                self.stream_state = "live"
+            self._add_line(event.text, event.source, event.timestamp)
+        elif isinstance(event, StreamDropped):
+            self.stream_state = "dropped"
+            self.drops += 1
+            self._banner(f"⚠ stream lost — re-attaching in {event.retry_in:g}s ({event.reason})", "-dropped")
+        elif isinstance(event, Reattached):
+            self.stream_state = "live"
+            self._banner("✓ re-attached — following again", "-back", hide_after=3.0)
+        self._update_status()
+
+    def _banner(self, text: str, cls: str, hide_after: float | None = None) -> None:
+        banner = self.query_one("#log-banner", Static)
+        banner.update(text)
+        banner.set_class(cls == "-dropped", "-dropped")
+        banner.set_class(cls == "-back", "-back")
+        if self._banner_timer is not None:
+            self._banner_timer.stop()
+            self._banner_timer = None
+        if hide_after is not None:
+            self._banner_timer = self.set_timer(hide_after, self._hide_banner)
+
+    def _hide_banner(self) -> None:
+        self.query_one("#log-banner", Static).set_classes("")
+
+    @property
+    def banner_text(self) -> str:
+        banner = self.query_one("#log-banner", Static)
+        if not (banner.has_class("-dropped") or banner.has_class("-back")):
+            return ""
+        return str(banner.render())
+
+    def _add_line(self, text: str, source: str = "", timestamp: str | None = None) -> None:
+        if self.tracker is not None:
+            self.tracker.feed(text)
+            self._schedule_panel()
+        line = self.buffer.append(text, source=source, timestamp=timestamp)
+        self._show(line.display, is_marker=False)
+
+    def _show(self, display: str, *, is_marker: bool) -> None:
+        log = self.log_view
+        absolute = self.buffer.dropped + len(self.buffer) - 1
+        if self.filter_on and self.pattern and not is_marker:
+            if not compile_pattern(self.pattern).search(display):
+                self._prune_view()
+                return
+        at_end = log.is_vertical_scroll_end
+        if self._view is not None:
+            self._view.append(absolute)
+        log.write_line(display)
+        self._prune_view()
+        if not at_end:
+            self.new_lines += 1
+            self._update_badge()
+
+    def _prune_view(self) -> None:
+        if self._view is None:
+            return
+        excess = len(self._view) - self.max_lines
+        if excess > 0:
+            del self._view[:excess]
+        # lines pushed out of the buffer are gone from the view too
+        first = self.buffer.dropped
+        cut = bisect.bisect_left(self._view, first)
+        if cut:
+            del self._view[:cut]
+
+    def _schedule_panel(self) -> None:
+        if not self._panel_scheduled:
+            self._panel_scheduled = True
+            self.call_later(self._update_panel)
+
+    def _update_panel(self) -> None:
+        self._panel_scheduled = False
+        if self.tracker is None:
+            return
+        report = self.tracker.report
+        if report == self._last_report:
+            return
+        self._last_report = report
+        self.query_one(VllmPanel).show(report)
+
+    # ---- following ----------------------------------------------------------------------------
+
+    @property
+    def following(self) -> bool:
+        return self.log_view.is_vertical_scroll_end
+
+    def _on_scroll(self, _old: float, _new: float) -> None:
+        if self.log_view.is_vertical_scroll_end and self.new_lines:
+            self.new_lines = 0
+            self._update_badge()
+        self._update_status()
+
+    def _update_badge(self) -> None:
+        badge = self.query_one("#new-lines", Static)
+        badge.set_class(self.new_lines > 0, "-shown")
+        badge.update(f"▼ {self.new_lines} new line{'s' if self.new_lines != 1 else ''} (End)")
+
+    @property
+    def badge_text(self) -> str:
+        badge = self.query_one("#new-lines", Static)
+        return str(badge.render()) if badge.has_class("-shown") else ""
+
+    def _update_status(self) -> None:
+        parts = [{"connecting": "connecting…", "live": "live", "dropped": "stream lost"}[self.stream_state]]
+        parts.append("following" if self.log_view.is_vertical_scroll_end else "paused")
+        parts.append(f"{len(self.buffer)} lines")
+        if self.pattern:
+            n = len(self.buffer.matches(self.pattern)) - self.buffer.markers if self.filter_on else None
+            parts.append(f"{'filter' if self.filter_on else 'search'}: {self.pattern!r}" + (f" ({n})" if n is not None else ""))
+        self.query_one("#log-status", Static).update(" · ".join(parts))
+
+    @property
+    def status_text(self) -> str:
+        return str(self.query_one("#log-status", Static).render())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # while typing a search, keys belong to the input
+        if action == "follow" and isinstance(self.focused, Input):
+            return False
+        return True
+
+    def action_follow(self) -> None:
+        self.log_view.scroll_end(animate=False, immediate=True)
+        self.new_lines = 0
+        self._update_badge()
+        self._update_status()
+
+    # ---- positions ----------------------------------------------------------------------------
+
+    def _log_y_of(self, index: int) -> int | None:
+        """The Log line showing buffer index ``index`` (None when filtered out)."""
+        if self._view is None:
+            return index
+        absolute = self.buffer.dropped + index
+        pos = bisect.bisect_left(self._view, absolute)
+        if pos < len(self._view) and self._view[pos] == absolute:
+            return pos
+        return None
+
+    def _index_at_top(self) -> int:
+        y = int(self.log_view.scroll_y)
+        if self._view is None:
+            return min(y, len(self.buffer) - 1)
+        if not self._view:
+            return -1
+        return self._view[min(y, len(self._view) - 1)] - self.buffer.dropped
+
+    def _origin(self) -> int:
+        if self.cursor is not None:
+            idx = self.cursor - self.buffer.dropped
+            if 0 <= idx < len(self.buffer):
+                return idx
+        return self._index_at_top() - 1
+
+    def _jump(self, index: int) -> None:
+        y = self._log_y_of(index)
+        if y is None:
+            self._set_filter(False)
+            y = index
+        self.cursor = self.buffer.dropped + index
+        self.log_view.scroll_to(y=max(0, y - 2), animate=False, immediate=True)
+        self._update_status()
+
+    # ---- search, filter, errors, markers --------------------------------------------------------
+
+    def action_search(self, intent: str = "search") -> None:
+        self._search_intent = intent
+        box = self.query_one("#search", Input)
+        box.value = self.pattern
+        box.add_class("-shown")
+        box.focus()
+
+    @on(Input.Submitted, "#search")
+    def _search_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._close_search()
+        self.set_pattern(event.value)
+        if self._search_intent == "filter" and self.pattern:
+            self._set_filter(True)
+        elif self.pattern:
+            self.action_find(False)
+
+    def _close_search(self) -> None:
+        box = self.query_one("#search", Input)
+        box.remove_class("-shown")
+        self.log_view.focus()
+
+    def set_pattern(self, pattern: str) -> None:
+        self.pattern = pattern.strip()
+        self.cursor = None
+        self.highlighter.pattern = compile_pattern(self.pattern) if self.pattern else None
+        if self.filter_on:
+            self._refill()
+        else:
+            self.log_view.notify_style_update()
+            self.log_view.refresh()
+        self._update_status()
+
+    def action_find(self, backwards: bool = False) -> None:
+        if not self.pattern:
+            self.notify("Nothing to find yet: press / to search.", severity="warning", timeout=3)
+            return
+        found = self.buffer.find_next(self.pattern, self._origin(), backwards=backwards)
+        if found is None:
+            self.notify(f"No line matches {self.pattern!r}.", severity="warning", timeout=3)
+            return
+        self._jump(found)
+
+    def action_toggle_filter(self) -> None:
+        if not self.pattern and not self.filter_on:
+            self.action_search("filter")
+            return
+        self._set_filter(not self.filter_on)
+
+    def _set_filter(self, on_: bool) -> None:
+        if on_ == self.filter_on:
+            return
+        self.filter_on = on_
+        self._refill()
+        self._update_status()
+
+    def _refill(self) -> None:
+        log = self.log_view
+        log.clear()
+        self.new_lines = 0
+        self._update_badge()
+        if self.filter_on and self.pattern:
+            indexes = self.buffer.matches(self.pattern)
+            self._view = [self.buffer.dropped + i for i in indexes]
+            lines = [self.buffer[i].display for i in indexes]
+        else:
+            self._view = None
+            lines = [ln.display for ln in self.buffer.lines]
+        log.notify_style_update()
+        log.write_lines(lines, scroll_end=True)
+        log.scroll_end(animate=False, immediate=True)
+
+    def action_next_error(self) -> None:
+        found = self.buffer.next_error(self._origin())
+        if found is None:
+            self.notify("No error lines in the log.", timeout=3)
+            return
+        self._jump(found)
+
+    def action_marker(self) -> None:
+        line = self.buffer.add_marker()
+        self._show(line.display, is_marker=True)
+        self._update_status()
+
+    def action_close(self) -> None:
+        box = self.query_one("#search", Input)
+        if box.has_class("-shown"):
+            self._close_search()
+            return
+        self.dismiss(None)
