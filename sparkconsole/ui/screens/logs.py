@@ -333,7 +333,7 @@ class LogScreen(Screen[None]):
         at_end = log.is_vertical_scroll_end
         if self._view is not None:
             self._view.append(absolute)
-        log.write_line(display)
+        log.write_line(display or " ")  # Log drops empty lines: keep one line per buffer line
         self._prune_view()
         if not at_end:
             self.new_lines += 1
@@ -515,10 +515,10 @@ class LogScreen(Screen[None]):
         if self.filter_on and self.pattern:
             indexes = self.buffer.matches(self.pattern)
             self._view = [self.buffer.dropped + i for i in indexes]
-            lines = [self.buffer[i].display for i in indexes]
+            lines = [self.buffer[i].display or " " for i in indexes]
         else:
             self._view = None
-            lines = [ln.display for ln in self.buffer.lines]
+            lines = [ln.display or " " for ln in self.buffer.lines]
         log.notify_style_update()
         log.write_lines(lines, scroll_end=True)
         log.scroll_end(animate=False, immediate=True)
