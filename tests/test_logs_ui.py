@@ -4,6 +4,7 @@ real vLLM log lines), and one snapshot of the modal."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -307,3 +308,31 @@ async def test_bindings_have_ids_and_tooltips() -> None:
     for cls in (LogScreen, ConfirmScreen):
         for b in cls.BINDINGS:
             assert b.id and b.tooltip, (cls.__name__, b)
+
+
+# ---- end to end: a real container's vLLM log through SSH into the screen ----------------------
+
+
+async def test_log_screen_follows_a_real_container_through_ssh(sshd, tmp_path) -> None:
+    from sparkconsole.logs.follow import LogFollower, docker_follow
+    from sparkconsole.transport.ssh import SshTransport
+    from tests.lab.docker import docker_lab_fixture
+
+    labs = docker_lab_fixture(tmp_path)
+    lab = next(labs)
+    transport = SshTransport(sshd.node_config("spark-01"))
+    try:
+        name = lab.vllm("vllm-ui", interval=0.01)
+        app = Host(lambda: LogScreen("spark-01", name, lambda: LogFollower(transport, docker_follow(name))))
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen: LogScreen = app.screen  # type: ignore[assignment]
+            await until(pilot, lambda: screen.tracker.report.state == "ready", timeout=10)
+            await pilot.pause(0.05)
+            bar = screen.query_one("#vllm-progress", ProgressBar)
+            assert (bar.total, bar.progress) == (2, 2)
+            assert "Application startup complete" in "\n".join(screen.query_one(Log).lines)
+            assert "live" in screen.status_text
+    finally:
+        await transport.close()
+        with contextlib.suppress(StopIteration):
+            next(labs)

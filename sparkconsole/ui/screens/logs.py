@@ -326,10 +326,12 @@ class LogScreen(Screen[None]):
     def _show(self, display: str, *, is_marker: bool) -> None:
         log = self.log_view
         absolute = self.buffer.dropped + len(self.buffer) - 1
-        if self.filter_on and self.pattern and not is_marker:
-            if not compile_pattern(self.pattern).search(display):
-                self._prune_view()
-                return
+        if (
+            self.filter_on and self.pattern and not is_marker
+            and not compile_pattern(self.pattern).search(display)
+        ):
+            self._prune_view()
+            return
         at_end = log.is_vertical_scroll_end
         if self._view is not None:
             self._view.append(absolute)
@@ -403,9 +405,7 @@ class LogScreen(Screen[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # while typing a search, keys belong to the input
-        if action == "follow" and isinstance(self.focused, Input):
-            return False
-        return True
+        return not (action == "follow" and isinstance(self.focused, Input))
 
     def action_follow(self) -> None:
         self.log_view.scroll_end(animate=False, immediate=True)
