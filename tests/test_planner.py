@@ -28,6 +28,7 @@ from sparkconsole.planner.spec import (
     SPECS_DIR,
     geometry_from_config,
     load_spec,
+    spec_from_config,
 )
 from sparkconsole.planner.weights import GIB, estimate_weights, four_bit_per_rank
 
@@ -385,6 +386,20 @@ def test_geometry_of_headline_models():
     assert [i for i, k in enumerate(g.layer_kinds) if k == "full"] == list(range(3, 48, 4))
     d = load_spec("deepseek-ai/DeepSeek-V3").geometry
     assert d.moe_layers.count(False) == 3 and d.mla is not None and d.mtp_style == "deepseek"
+
+
+def test_mamba2_hybrid_state_and_weights():
+    cfg = _tiny_config(model_type="nemotron_h", hybrid_override_pattern="M-M*-E", num_hidden_layers=6,
+                       mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=32, conv_kernel=4,
+                       num_experts=4, moe_intermediate_size=32)
+    s = spec_from_config(cfg, "tiny-mamba", "test")
+    g = s.geometry
+    assert (g.n_full, g.n_linear, g.mlp_layers.count(True), g.moe_layers.count(True)) == (1, 2, 3, 1)
+    lay = kv_layout(g, tp=2)
+    conv_dim = 8 * 16 + 2 * 2 * 32
+    assert lay.state_page_bytes == 3 * (conv_dim // 2) * 2 + (8 // 2) * 16 * 32 * 2
+    assert lay.block_size % 16 == 0 and lay.page_bytes >= lay.state_page_bytes
+    assert estimate_weights(s, tp=1).params["mamba"] > 0
 
 
 def test_planner_does_not_import_textual():

@@ -342,9 +342,9 @@ def geometry_from_config(config: Any, where: str = "config.json") -> Geometry:
     if kv_heads > heads:
         raise r.bad(f"num_key_value_heads ({kv_heads}) is larger than num_attention_heads ({heads})")
     head_dim = r.int("head_dim", default=max(1, hidden // heads))
-    tie = top.bool("tie_word_embeddings", r.bool("tie_word_embeddings", False))
-    if "tie_word_embeddings" in d and isinstance(d.get("tie_word_embeddings"), bool):
-        tie = bool(d["tie_word_embeddings"])
+    # the text config's own flag wins; else the top level's (Qwen3.5 keeps it at the top)
+    tie = r.bool("tie_word_embeddings", top.bool("tie_word_embeddings", False)) if "tie_word_embeddings" in d \
+        else top.bool("tie_word_embeddings", False)
 
     # ---- layer kinds
     kinds: list[str]
