@@ -1,0 +1,557 @@
+"""Renderers: the simulated cluster's state in the exact formats real tools print.
+
+Each function takes the cluster, a node name and a sim time and returns the text the real
+command prints on a DGX Spark (shapes from ``tests/fixtures/real/gb10``): the GB10 ``nvidia-smi``
+table (Memory-Usage ``Not Supported``, power cap ``N/A``), ``--query-gpu`` CSV (``[N/A]`` for
+memory), ``--query-compute-apps`` (``VLLM::EngineCore, 109832 MiB``), ``/proc/meminfo``,
+``ibdev2netdev``, the InfiniBand sysfs files, ``ip -j addr`` / ``ip addr`` / ``ip -br link``,
+``docker ps``/``stats``/``images``/``version`` and Ray 2.x ``ray status``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from sparkconsole.sim.model import (
+    CLOCK_MAX_SM,
+    CPUS,
+    CUDA,
+    DISK_TOTAL,
+    DRIVER,
+    GIB,
+    GPU_BUS_ID,
+    GPU_NAME,
+    KERNEL,
+    KIB,
+    MIB,
+    Container,
+    SimCluster,
+    stable_hex,
+)
+
+# ---- /proc -------------------------------------------------------------------------------------
+
+
+def meminfo(c: SimCluster, node: str, t: float) -> str:
+    m = c.memory(node, t)
+    kb = lambda b: int(b // KIB)  # noqa: E731
+    anon = m.used_apps // 3 + 2_900 * MIB
+    rows = [
+        ("MemTotal", kb(m.total)), ("MemFree", kb(m.free)), ("MemAvailable", kb(m.available)),
+        ("Buffers", kb(m.buffers)), ("Cached", kb(m.cached)), ("SwapCached", 21_312),
+        ("Active", kb(anon + m.cached // 2)), ("Inactive", kb(m.cached // 2 + 600 * MIB)),
+        ("Active(anon)", kb(anon)), ("Inactive(anon)", 612_448), ("Active(file)", kb(m.cached // 2)),
+        ("Inactive(file)", kb(m.cached - m.cached // 2)), ("Unevictable", 31_744), ("Mlocked", 27_648),
+        ("SwapTotal", kb(m.swap_total)), ("SwapFree", kb(m.swap_free)), ("Zswap", 0), ("Zswapped", 0),
+        ("Dirty", 1_204), ("Writeback", 0), ("AnonPages", kb(anon)), ("Mapped", 1_063_212),
+        ("Shmem", 41_880), ("KReclaimable", 402_116), ("Slab", 1_031_540), ("SReclaimable", 402_116),
+        ("SUnreclaim", 629_424), ("KernelStack", 31_472), ("ShadowCallStack", 7_904),
+        ("PageTables", 84_560), ("SecPageTables", 0), ("NFS_Unstable", 0), ("Bounce", 0),
+        ("WritebackTmp", 0), ("CommitLimit", kb(m.total // 2 + m.swap_total)),
+        ("Committed_AS", kb(m.used_apps + 9 * GIB)), ("VmallocTotal", 133_141_626_880),
+        ("VmallocUsed", 172_364), ("VmallocChunk", 0), ("Percpu", 16_640),
+        ("HardwareCorrupted", 0), ("AnonHugePages", 1_359_872), ("ShmemHugePages", 0),
+        ("ShmemPmdMapped", 0), ("FileHugePages", 0), ("FilePmdMapped", 0), ("CmaTotal", 0),
+        ("CmaFree", 0), ("HugePages_Total", None), ("HugePages_Free", None), ("HugePages_Rsvd", None),
+        ("HugePages_Surp", None), ("Hugepagesize", 2_048), ("Hugetlb", 0),
+    ]
+    out = []
+    for key, val in rows:
+        if val is None:
+            out.append(f"{key + ':':<16}{0:>8}")
+        else:
+            out.append(f"{key + ':':<16}{val:>8} kB")
+    return "\n".join(out) + "\n"
+
+
+def uptime(c: SimCluster, node: str, t: float) -> str:
+    up = c.uptime(node, t)
+    idle = up * CPUS * 0.93
+    return f"{up:.2f} {idle:.2f}\n"
+
+
+def loadavg(c: SimCluster, node: str, t: float) -> str:
+    a, b, cc = c.load_avg(node, t)
+    running = 1 + int(c.gpu_activity(node, t) * 3)
+    return f"{a:.2f} {b:.2f} {cc:.2f} {running}/1503 {3_770_418 + int(t) % 9000}\n"
+
+
+def free_b(c: SimCluster, node: str, t: float, human: bool = False) -> str:
+    m = c.memory(node, t)
+    used = m.total - m.free - m.cached - m.buffers
+    shared = 41 * MIB
+    swap_used = m.swap_total - m.swap_free
+    vals = [m.total, used, m.free, shared, m.cached + m.buffers, m.available]
+    if human:
+        def h(b: int) -> str:
+            for unit, size in (("Ti", 1024**4), ("Gi", GIB), ("Mi", MIB), ("Ki", KIB)):
+                if b >= size:
+                    v = b / size
+                    return f"{v:.1f}{unit}" if v < 10 else f"{round(v)}{unit}"
+            return f"{b}B"
+        mem = "".join(f"{h(v):>12}" for v in vals)
+        sw = "".join(f"{h(v):>12}" for v in (m.swap_total, swap_used, m.swap_free))
+    else:
+        mem = "".join(f"{v:>12}" for v in vals)
+        sw = "".join(f"{v:>12}" for v in (m.swap_total, swap_used, m.swap_free))
+    return (f"{'total':>19}{'used':>12}{'free':>12}{'shared':>12}{'buff/cache':>12}{'available':>12}\n"
+            f"Mem:   {mem}\nSwap:  {sw}\n")
+
+
+def df(c: SimCluster, node: str, t: float) -> str:
+    used = c.disk_used(node, t)
+    avail = DISK_TOTAL - used - int(DISK_TOTAL * 0.0)
+    cap = -(-used * 100 // (used + avail))
+    return ("Filesystem        1-blocks          Used     Available Capacity Mounted on\n"
+            f"/dev/nvme0n1p2 {DISK_TOTAL} {used:>13} {avail:>13}      {cap}% /\n")
+
+
+def df_h(c: SimCluster, node: str, t: float) -> str:
+    used = c.disk_used(node, t)
+    avail = DISK_TOTAL - used
+
+    def h(b: int) -> str:
+        v = b / 1024**4
+        if v >= 1:
+            return f"{-(-int(v * 10) // 1) / 10:.1f}T" if v < 10 else f"{int(v)}T"
+        v = b / GIB
+        return f"{int(-(-v // 1))}G"
+    cap = -(-used * 100 // DISK_TOTAL)
+    return ("Filesystem      Size  Used Avail Use% Mounted on\n"
+            f"/dev/nvme0n1p2  3.7T  {h(used):>4}  {h(avail):>4}  {cap:>2}% /\n")
+
+
+# ---- nvidia-smi --------------------------------------------------------------------------------
+
+_QUERY_HEADERS = {
+    "index": ("index", None), "name": ("name", None), "uuid": ("uuid", None),
+    "pci.bus_id": ("pci.bus_id", None), "driver_version": ("driver_version", None),
+    "utilization.gpu": ("utilization.gpu [%]", "%"), "utilization.memory": ("utilization.memory [%]", "%"),
+    "memory.total": ("memory.total [MiB]", "MiB"), "memory.used": ("memory.used [MiB]", "MiB"),
+    "memory.free": ("memory.free [MiB]", "MiB"), "memory.reserved": ("memory.reserved [MiB]", "MiB"),
+    "temperature.gpu": ("temperature.gpu", None), "power.draw": ("power.draw [W]", "W"),
+    "power.limit": ("power.limit [W]", "W"), "clocks.sm": ("clocks.current.sm [MHz]", "MHz"),
+    "clocks.current.sm": ("clocks.current.sm [MHz]", "MHz"), "clocks.max.sm": ("clocks.max.sm [MHz]", "MHz"),
+    "pstate": ("pstate", None), "fan.speed": ("fan.speed [%]", "%"), "persistence_mode": ("persistence_mode", None),
+}
+
+
+def query_gpu(c: SimCluster, node: str, t: float, fields: list[str], header: bool = True,
+              units: bool = True) -> tuple[str, int]:
+    n = c.node(node)
+    vals = {
+        "index": "0", "name": GPU_NAME, "uuid": n.gpu_uuid, "pci.bus_id": "0000000F:01:00.0",
+        "driver_version": DRIVER, "utilization.gpu": str(c.gpu_util(node, t)), "utilization.memory": None,
+        "memory.total": None, "memory.used": None, "memory.free": None, "memory.reserved": None,
+        "temperature.gpu": str(c.gpu_temp(node, t)), "power.draw": f"{c.gpu_power(node, t):.2f}",
+        "power.limit": None, "clocks.sm": str(c.gpu_clock(node, t)),
+        "clocks.current.sm": str(c.gpu_clock(node, t)), "clocks.max.sm": str(CLOCK_MAX_SM),
+        "pstate": c.pstate(node, t), "fan.speed": None, "persistence_mode": "Enabled",
+    }
+    for f in fields:
+        if f not in _QUERY_HEADERS:
+            return (f'Field "{f}" is not a valid field to query.\n\n', 2)
+    head = ", ".join(_QUERY_HEADERS[f][0] for f in fields)
+    cells = []
+    for f in fields:
+        v = vals[f]
+        unit = _QUERY_HEADERS[f][1]
+        if v is None:
+            cells.append("[N/A]")
+        elif units and unit:
+            cells.append(f"{v} {unit}" if unit != "%" else f"{v} %")
+        else:
+            cells.append(v)
+    out = (head + "\n" if header else "") + ", ".join(cells) + "\n"
+    return out, 0
+
+
+def query_compute_apps(c: SimCluster, node: str, t: float, fields: list[str], header: bool = True,
+                       units: bool = True) -> tuple[str, int]:
+    names = {"pid": "pid", "process_name": "process_name", "used_gpu_memory": "used_gpu_memory [MiB]",
+             "used_memory": "used_gpu_memory [MiB]", "gpu_uuid": "gpu_uuid", "gpu_bus_id": "gpu_bus_id",
+             "name": "process_name"}
+    for f in fields:
+        if f not in names:
+            return (f'Field "{f}" is not a valid field to query.\n\n', 2)
+    lines = [", ".join(names[f] for f in fields)] if header else []
+    for h, b in c.memory(node, t).gpu_holders:
+        row = []
+        for f in fields:
+            if f == "pid":
+                row.append(str(h.pid))
+            elif f in ("process_name", "name"):
+                row.append(h.name)
+            elif f in ("used_gpu_memory", "used_memory"):
+                mib = b // MIB
+                row.append(f"{mib} MiB" if units else str(mib))
+            elif f == "gpu_uuid":
+                row.append(c.node(node).gpu_uuid)
+            else:
+                row.append("0000000F:01:00.0")
+        lines.append(", ".join(row))
+    return ("\n".join(lines) + "\n") if lines else "", 0
+
+
+def nvidia_smi(c: SimCluster, node: str, t: float) -> str:
+    temp = c.gpu_temp(node, t)
+    power = round(c.gpu_power(node, t))
+    util = c.gpu_util(node, t)
+    ps = c.pstate(node, t)
+    date = time.strftime("%a %b %d %H:%M:%S %Y", time.gmtime(c.clock.epoch(t)))
+    sep = "+-----------------------------------------+------------------------+----------------------+"
+    out = [
+        f"{date}       ",
+        "+-----------------------------------------------------------------------------------------+",
+        f"| NVIDIA-SMI {DRIVER}             Driver Version: {DRIVER}     CUDA Version: {CUDA}     |",
+        sep,
+        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+        "|                                         |                        |               MIG M. |",
+        "|=========================================+========================+======================|",
+        f"|   0  {GPU_NAME}                    On  |   {GPU_BUS_ID} Off |                  N/A |",
+        f"| N/A  {temp:>3}C    {ps:<2}{str(power) + 'W':>16} /  N/A  | Not Supported          |{util:>7}%      Default |",
+        "|                                         |                        |                  N/A |",
+        sep,
+        "",
+        "+-----------------------------------------------------------------------------------------+",
+        "| Processes:                                                                              |",
+        "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+        "|        ID   ID                                                               Usage      |",
+        "|=========================================================================================|",
+    ]
+    procs = c.memory(node, t).gpu_holders
+    if not procs:
+        out.append("|  No running processes found                                                             |")
+    for h, b in procs:
+        mem = f"{b // MIB}MiB"
+        out.append(f"|    0   N/A  N/A  {h.pid:>14}      C   {h.name:<36}{mem:>9} |")
+    out.append("+-----------------------------------------------------------------------------------------+")
+    return "\n".join(out) + "\n"
+
+
+def nvidia_smi_L(c: SimCluster, node: str) -> str:
+    return f"GPU 0: {GPU_NAME} (UUID: {c.node(node).gpu_uuid})\n"
+
+
+# ---- links -------------------------------------------------------------------------------------
+
+
+def ibdev2netdev(c: SimCluster, node: str) -> str:
+    n = c.node(node)
+    order = ["roceP2p1s0f0", "roceP2p1s0f1", "rocep1s0f0", "rocep1s0f1"]
+    by_rdma = {i.rdma: i for i in n.ifaces if i.rdma}
+    out = []
+    for r in order:
+        i = by_rdma[r]
+        out.append(f"{r} port 1 ==> {i.name} ({'Up' if n.link_up(i) else 'Down'})")
+    return "\n".join(out) + "\n"
+
+
+def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
+    """The small virtual files a probe may read (``cat``/``grep`` them)."""
+    n = c.node(node)
+    files: dict[str, str] = {}
+    for i in n.ifaces:
+        up = n.link_up(i) if i.kind == "cx7" else i.kind in ("loopback", "ether")
+        base = f"/sys/class/net/{i.name}"
+        files[f"{base}/operstate"] = ("unknown" if i.kind == "loopback" else ("up" if up else "down")) + "\n"
+        files[f"{base}/mtu"] = f"{i.mtu}\n"
+        files[f"{base}/address"] = f"{i.mac}\n"
+        files[f"{base}/carrier"] = ("1" if up else "0") + "\n"
+        if i.kind == "cx7":
+            files[f"{base}/speed"] = ("200000" if up else "-1") + "\n"
+        if i.rdma:
+            p = f"/sys/class/infiniband/{i.rdma}/ports/1"
+            files[f"{p}/state"] = ("4: ACTIVE" if up else "1: DOWN") + "\n"
+            files[f"{p}/phys_state"] = ("5: LinkUp" if up else "3: Disabled") + "\n"
+            files[f"{p}/rate"] = ("200 Gb/sec (4X HDR)" if up else "40 Gb/sec (4X QDR)") + "\n"
+            files[f"{p}/link_layer"] = "Ethernet\n"
+    files["/proc/meminfo"] = meminfo(c, node, t)
+    files["/proc/uptime"] = uptime(c, node, t)
+    files["/proc/loadavg"] = loadavg(c, node, t)
+    files["/etc/hostname"] = node + "\n"
+    files["/proc/sys/vm/drop_caches"] = "0\n"
+    files["/etc/os-release"] = (
+        'PRETTY_NAME="Ubuntu 24.04.3 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\n'
+        'VERSION="24.04.3 LTS (Noble Numbat)"\nVERSION_CODENAME=noble\nID=ubuntu\nID_LIKE=debian\n')
+    files["/etc/dgx-release"] = 'DGX_NAME="DGX Spark"\nDGX_PRETTY_NAME="NVIDIA DGX Spark"\nDGX_SWBUILD_VERSION="7.2.3"\n'
+    files["/proc/driver/nvidia/version"] = (
+        f"NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  {DRIVER}  Release Build  "
+        "(dvs-builder@U22-I3-AE18-23-3)  Wed Jan  7 22:08:01 UTC 2026\nGCC version:  gcc version 13.3.0 "
+        "(Ubuntu 13.3.0-6ubuntu2~24.04) \n")
+    files.update(n.files)
+    return files
+
+
+def _flags(n, i) -> list[str]:
+    if i.kind == "loopback":
+        return ["LOOPBACK", "UP", "LOWER_UP"]
+    up = n.link_up(i) if i.kind == "cx7" else i.kind == "ether"
+    return ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"] if up else ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"]
+
+
+def _operstate(n, i) -> str:
+    if i.kind == "loopback":
+        return "UNKNOWN"
+    up = n.link_up(i) if i.kind == "cx7" else i.kind == "ether"
+    return "UP" if up else "DOWN"
+
+
+def ip_j_addr(c: SimCluster, node: str) -> str:
+    n = c.node(node)
+    out = []
+    for i in n.ifaces:
+        d: dict[str, object] = {"ifindex": i.ifindex, "ifname": i.name, "flags": _flags(n, i), "mtu": i.mtu,
+                                "qdisc": "noqueue" if i.kind in ("loopback", "bridge", "wifi") else "mq"}
+        if i.kind == "bridge":
+            pass
+        d["operstate"] = _operstate(n, i)
+        d["group"] = "default"
+        if i.kind != "bridge":
+            d["txqlen"] = 1000
+        d["link_type"] = "loopback" if i.kind == "loopback" else "ether"
+        d["address"] = i.mac
+        d["broadcast"] = "00:00:00:00:00:00" if i.kind == "loopback" else "ff:ff:ff:ff:ff:ff"
+        if i.name == "enP7s7":
+            d["altnames"] = ["enP7p1s0"]
+        if i.name == "wlP9s9":
+            d["altnames"] = ["wlP9p1s0"]
+        infos: list[dict[str, object]] = []
+        for a in i.ipv4:
+            ip, plen = a.split("/")
+            info: dict[str, object] = {"family": "inet", "local": ip, "prefixlen": int(plen)}
+            if i.kind != "loopback":
+                parts = ip.split(".")
+                bits = int(plen)
+                val = (int(parts[0]) << 24 | int(parts[1]) << 16 | int(parts[2]) << 8 | int(parts[3]))
+                bval = val | ((1 << (32 - bits)) - 1)
+                info["broadcast"] = ".".join(str((bval >> s) & 255) for s in (24, 16, 8, 0))
+            info["scope"] = "host" if i.kind == "loopback" else "global"
+            if i.dynamic:
+                info["dynamic"] = True
+            if i.kind == "cx7" or i.dynamic:
+                info["noprefixroute"] = True
+            info["label"] = i.name
+            life = 4294967295 if not i.dynamic else 76_113
+            info["valid_life_time"] = life
+            info["preferred_life_time"] = life
+            infos.append(info)
+        if i.kind == "loopback":
+            infos.append({"family": "inet6", "local": "::1", "prefixlen": 128, "scope": "host", "noprefixroute": True,
+                          "valid_life_time": 4294967295, "preferred_life_time": 4294967295})
+        elif i.ipv4 and (i.kind != "cx7" or n.link_up(i)):
+            m = i.mac.split(":")
+            eui = f"fe80::{int(m[0], 16) ^ 2:x}{m[1]}:{m[2]}ff:fe{m[3]}:{m[4]}{m[5]}"
+            infos.append({"family": "inet6", "local": eui, "prefixlen": 64, "scope": "link",
+                          "valid_life_time": 4294967295, "preferred_life_time": 4294967295})
+        d["addr_info"] = infos
+        out.append(d)
+    return json.dumps(out, separators=(",", ":")) + "\n"
+
+
+def ip_addr(c: SimCluster, node: str, only: str | None = None) -> tuple[str, int]:
+    n = c.node(node)
+    lines = []
+    found = False
+    for i in n.ifaces:
+        if only and i.name != only:
+            continue
+        found = True
+        flags = ",".join(_flags(n, i))
+        q = "noqueue" if i.kind in ("loopback", "bridge", "wifi") else "mq"
+        tail = " qlen 1000" if i.kind != "bridge" else " "
+        lines.append(f"{i.ifindex}: {i.name}: <{flags}> mtu {i.mtu} qdisc {q} state {_operstate(n, i)} group default{tail}")
+        lt = "loopback" if i.kind == "loopback" else "ether"
+        brd = "00:00:00:00:00:00" if i.kind == "loopback" else "ff:ff:ff:ff:ff:ff"
+        lines.append(f"    link/{lt} {i.mac} brd {brd}")
+        if i.name == "enP7s7":
+            lines.append("    altname enP7p1s0")
+        for a in i.ipv4:
+            ip, plen = a.split("/")
+            extra = " dynamic noprefixroute" if i.dynamic else (" noprefixroute" if i.kind == "cx7" else "")
+            scope = "host" if i.kind == "loopback" else "global"
+            if i.kind == "loopback":
+                lines.append(f"    inet {a} scope host lo")
+            else:
+                b = ip.rsplit(".", 1)[0] + ".255" if plen == "24" else "172.17.255.255"
+                lines.append(f"    inet {a} brd {b} scope {scope}{extra} {i.name}")
+            lines.append("       valid_lft forever preferred_lft forever")
+    if not found:
+        return f'Device "{only}" does not exist.\n', 1
+    return "\n".join(lines) + "\n", 0
+
+
+def ip_br_link(c: SimCluster, node: str) -> str:
+    n = c.node(node)
+    return "".join(f"{i.name:<17}{_operstate(n, i):<15}{i.mac} <{','.join(_flags(n, i))}> \n" for i in n.ifaces)
+
+
+def ethtool(c: SimCluster, node: str, ifname: str) -> tuple[str, int]:
+    n = c.node(node)
+    i = n.iface(ifname)
+    if i is None:
+        return f"netlink error: no device matches name ({ifname})\n", 1
+    up = n.link_up(i) if i.kind == "cx7" else i.kind == "ether"
+    speed = ("200000Mb/s" if i.kind == "cx7" else "10000Mb/s") if up else "Unknown!"
+    return (f"Settings for {ifname}:\n\tSpeed: {speed}\n\tDuplex: {'Full' if up else 'Unknown! (255)'}\n"
+            f"\tAuto-negotiation: on\n\tPort: {'Direct Attach Copper' if i.kind == 'cx7' else 'Twisted Pair'}\n"
+            f"\tLink detected: {'yes' if up else 'no'}\n", 0)
+
+
+# ---- docker ------------------------------------------------------------------------------------
+
+
+def _ago(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 1:
+        return "Less than a second"
+    if s < 60:
+        return f"{s} seconds"
+    if s < 120:
+        return "About a minute"
+    if s < 3600:
+        return f"{s // 60} minutes"
+    if s < 7200:
+        return "About an hour"
+    if s < 48 * 3600:
+        return f"{s // 3600} hours"
+    return f"{s // 86400} days"
+
+
+def container_status(ct: Container, t: float) -> str:
+    st = ct.state(t)
+    if st == "created":
+        return "Created"
+    if st == "running":
+        since = max((ct.started or 0.0), ct.stopped or -1e18) if ct.restarts else (ct.started or 0.0)
+        return f"Up {_ago(t - since)}"
+    info = ct.exit_info(t)
+    code, when = info if info else (0, t)
+    return f"Exited ({code}) {_ago(t - when)} ago"
+
+
+def _cmd_display(ct: Container) -> str:
+    s = " ".join(ct.argv) if ct.argv else ""
+    s = '"' + s.replace('"', '\\"') + '"'
+    return s if len(s) <= 22 else s[:21] + "…\""
+
+
+def docker_ps_json(c: SimCluster, node: str, t: float, all_: bool = True) -> str:
+    lines = []
+    for ct in reversed(c.containers_on(node)):
+        st = ct.state(t)
+        if not all_ and st != "running":
+            continue
+        created = time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", time.gmtime(c.clock.epoch(ct.created)))
+        d = {
+            "Command": _cmd_display(ct), "CreatedAt": created, "ID": ct.id[:12], "Image": ct.image,
+            "Labels": "", "LocalVolumes": "0", "Mounts": ct.mounts, "Names": ct.name,
+            "Networks": ct.network, "Ports": "", "RunningFor": f"{_ago(t - ct.created)} ago",
+            "Size": "0B", "State": st, "Status": container_status(ct, t),
+        }
+        lines.append(json.dumps(d, separators=(",", ":"), ensure_ascii=False))
+    return "".join(line + "\n" for line in lines)
+
+
+def docker_ps_table(c: SimCluster, node: str, t: float, all_: bool = False) -> str:
+    rows = [("CONTAINER ID", "IMAGE", "COMMAND", "CREATED", "STATUS", "PORTS", "NAMES")]
+    for ct in reversed(c.containers_on(node)):
+        if not all_ and ct.state(t) != "running":
+            continue
+        rows.append((ct.id[:12], ct.image, _cmd_display(ct), f"{_ago(t - ct.created)} ago",
+                     container_status(ct, t), "", ct.name))
+    widths = [max(len(r[i]) for r in rows) for i in range(7)]
+    out = []
+    for r in rows:
+        out.append("   ".join(r[i].ljust(widths[i]) for i in range(6)) + "   " + r[6])
+    return "\n".join(out) + "\n"
+
+
+def _hsize(b: float, binary: bool = True) -> str:
+    if binary:
+        for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+            if b >= size:
+                return f"{b / size:.2f}{unit}" if b / size < 100 else f"{b / size:.1f}{unit}"
+        return f"{int(b)}B"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.3g}{unit}"
+    return f"{int(b)}B"
+
+
+def docker_stats_json(c: SimCluster, node: str, t: float) -> str:
+    m = c.memory(node, t)
+    lines = []
+    for ct in reversed(c.containers_on(node)):
+        if not ct.running(t):
+            continue
+        mem = ct.host_rss * (0.97 + 0.03 * (1 + _n(c, ct.name, t)) / 2)
+        cpu = 0.4 + (98.0 * c.gpu_activity(node, t) if ct.engine is not None else 0.0) + 0.3 * (1 + _n(c, ct.name + "c", t))
+        net = (t - (ct.started or 0.0)) * 41_000
+        d = {"BlockIO": f"{_hsize(2.1e9, False)} / {_hsize(3.4e6, False)}", "CPUPerc": f"{cpu:.2f}%",
+             "Container": ct.id[:12], "ID": ct.id[:12], "MemPerc": f"{100 * mem / m.total:.2f}%",
+             "MemUsage": f"{_hsize(mem)} / {_hsize(m.total)}", "Name": ct.name,
+             "NetIO": f"{_hsize(net, False)} / {_hsize(net * 3.1, False)}", "PIDs": str(87 + len(ct.name))}
+        lines.append(json.dumps(d, separators=(",", ":")))
+    return "".join(line + "\n" for line in lines)
+
+
+def _n(c: SimCluster, key: str, t: float) -> float:
+    from sparkconsole.sim.model import noise
+
+    return noise(c.seed, key, t, 3.0)
+
+
+def docker_images(c: SimCluster, node: str, t: float, fmt_json: bool = False) -> str:
+    imgs = c.images_on(node, t)
+    if fmt_json:
+        return "".join(json.dumps({"Containers": "N/A", "CreatedAt": f"{i.created} 10:12:44 +0000 UTC",
+                                   "CreatedSince": "2 months ago", "Digest": "<none>", "ID": i.id[:12],
+                                   "Repository": i.repo, "SharedSize": "N/A", "Size": _hsize(i.size_bytes, False),
+                                   "Tag": i.tag, "UniqueSize": "N/A", "VirtualSize": _hsize(i.size_bytes, False)},
+                                  separators=(",", ":")) + "\n" for i in imgs.values())
+    rows = [("REPOSITORY", "TAG", "IMAGE ID", "CREATED", "SIZE")]
+    for i in imgs.values():
+        rows.append((i.repo, i.tag, i.id[:12], "2 months ago", _hsize(i.size_bytes, False)))
+    widths = [max(len(r[k]) for r in rows) for k in range(5)]
+    return "".join("   ".join(r[k].ljust(widths[k]) for k in range(4)) + "   " + r[4] + "\n" for r in rows)
+
+
+# ---- ray ---------------------------------------------------------------------------------------
+
+
+def ray_status(c: SimCluster, t: float) -> str:
+    members = c.ray_members(t)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.clock.epoch(t)))
+    us = int((c.clock.epoch(t) % 1) * 1e6)
+    cpus = sum(m.cpus for m in members)
+    gpus = sum(m.gpus for m in members)
+    mem = sum(m.memory_gib for m in members)
+    obj = sum(m.object_store_gib for m in members)
+    used = min(gpus, c.ray_gpus_used(t))
+    gpu_line = f" {used:.1f}/{gpus:.1f} GPU"
+    if used:
+        gpu_line += f" ({used:.1f} used of {used:.1f} reserved in placement groups)"
+    lines = [f"======== Autoscaler status: {stamp}.{us:06d} ========", "Node status",
+             "---------------------------------------------------------------", "Active:"]
+    lines += [f" 1 node_{m.node_id}" for m in members] or [" (no active nodes)"]
+    lines += ["Pending:", " (no pending nodes)", "Recent failures:", " (no failures)", "",
+              "Resources", "---------------------------------------------------------------", "Total Usage:",
+              f" {used:.1f}/{cpus:.1f} CPU", gpu_line, f" 0B/{mem:.2f}GiB memory", f" 0B/{obj:.2f}GiB object_store_memory",
+              "", "From request_resources:", " (none)", "Pending Demands:", " (no resource demands)"]
+    return "\n".join(lines) + "\n"
+
+
+def kernel_uname(node: str, flags: str) -> str:
+    parts = {"s": "Linux", "n": node, "r": KERNEL, "v": "#15-Ubuntu SMP PREEMPT_DYNAMIC Tue Feb 10 18:02:14 UTC 2026",
+             "m": "aarch64", "p": "aarch64", "i": "aarch64", "o": "GNU/Linux"}
+    if "a" in flags:
+        return " ".join(parts[k] for k in "snrvmpio") + "\n"
+    keys = [k for k in "snrvmpio" if k in flags] or ["s"]
+    return " ".join(parts[k] for k in keys) + "\n"
+
+
+def image_digest(ref: str) -> str:
+    return "sha256:" + stable_hex(64, "digest", ref)

@@ -1,0 +1,768 @@
+"""The state of a simulated DGX Spark cluster, as a function of simulated time.
+
+Nothing here renders text (that is :mod:`sparkconsole.sim.formats`) or parses commands (that is
+:mod:`sparkconsole.sim.shell`). The model keeps *events with start times* and derives every
+number from them at the moment it is asked, so the same sim time always gives the same answer:
+
+* memory: a node's used memory is the OS baseline plus the memory curves of the processes that
+  hold it (:class:`Holder`: a vLLM engine's weights load along a time ramp, then its KV cache is
+  allocated); the page cache grows with file reads and writes (:class:`CacheRamp`: downloads,
+  copies, weight loading) and is reset by ``drop_caches``; it is always capped by the room left,
+  so ``MemAvailable`` is never above ``MemTotal`` and never negative;
+* GPU utilisation, temperature, power and clocks follow the engines' activity plus a seeded,
+  deterministic pseudo-noise (:func:`noise`), so two snapshots at the same sim time are equal;
+* containers (:class:`Container`) carry their vLLM engine run (:class:`EngineRun`, planned once
+  when it starts: its log lines with their times, its memory curve, when it is ready or fails);
+* transfers (:class:`Transfer`: ``hf download``, ``rsync``, ``docker save | docker load``) move
+  bytes at a modelled bandwidth; the weights a node holds are what the finished transfers left;
+* Ray (:class:`RayCluster`): which nodes have joined which head.
+
+Hardware facts (see ``tests/fixtures/real/gb10``): NVIDIA GB10, driver 580.126.09, CUDA 13.0,
+MemTotal 125,511,932 kB (119.70 GiB; vLLM sees 121.69 GiB through CUDA), 20 Arm cores (10
+Cortex-X925 + 10 Cortex-A725), 3.7T NVMe, ConnectX-7 as four RoCE "twins"; the cable is in
+port 1 so ``rocep1s0f1``/``enp1s0f1np1`` and ``roceP2p1s0f1``/``enP2p1s0f1np1`` are Up at
+200 Gb/s with 192.168.200.x/24 and 192.168.201.x/24; ``enP7s7`` is the 10G management LAN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkconsole.sim.clock import SimClock
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+GB = 1000**3
+MB = 1000**2
+
+# ---- hardware constants ----------------------------------------------------------------------
+
+MEM_TOTAL_KB = 125_511_932  # 119.70 GiB (real Sparks: 125,411,392-125,489,732 kB)
+MEM_TOTAL = MEM_TOTAL_KB * KIB
+CUDA_TOTAL_GIB = 121.69  # what vLLM reports for a GB10 (cudaMemGetInfo total)
+SWAP_TOTAL = 16 * GIB
+OS_BASE = int(4.35 * GIB)  # kernel, slab, services, desktop: "used" on an idle Spark
+PAGE_CACHE_BASE = int(1.95 * GIB)
+PAGE_CACHE_FLOOR = int(0.45 * GIB)  # what survives drop_caches (mapped/dirty pages)
+MIN_FREE = int(0.20 * GIB)
+DISK_TOTAL = 3_966_420_828_160  # df -h: 3.7T
+DISK_OS_USED = 212 * GB
+CPUS = 20
+DRIVER = "580.126.09"
+CUDA = "13.0"
+KERNEL = "6.14.0-1015-nvidia"
+DOCKER_VERSION = "29.2.1"
+GPU_NAME = "NVIDIA GB10"
+GPU_BUS_ID = "0000000F:01:00.0"
+CLOCK_MAX_SM = 3003
+
+# bandwidths, bytes per second of sim time
+INTERNET_BPS = 112 * MB  # hf download / docker pull on the head (~900 Mbit/s)
+FAST_LINK_RSYNC_BPS = 820 * MB  # rsync over ssh on the ConnectX-7 link (ssh-bound, not 200G)
+LAN_RSYNC_BPS = 270 * MB  # the same over the 10G management LAN (what you get on the wrong IP)
+IMAGE_COPY_BPS = 380 * MB  # docker save | ssh docker load (load unpacks: slower than rsync)
+WEIGHT_READ_S_PER_SHARD = 3.27  # safetensors shard read on the NVMe (the real Spark log rate)
+
+HF_CACHE = "/root/.cache/huggingface/hub"
+
+
+def model_dir(repo: str) -> str:
+    owner, name = repo.split("/", 1)
+    return f"{HF_CACHE}/models--{owner}--{name}"
+
+
+# ---- deterministic noise -----------------------------------------------------------------------
+
+def _hash01(*parts: Any) -> float:
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
+def noise(seed: int, key: str, t: float, period: float = 1.0) -> float:
+    """Smooth pseudo-noise in [-1, 1]: a value per ``period`` seconds, linearly interpolated."""
+    k = math.floor(t / period)
+    frac = t / period - k
+    a = _hash01(seed, key, k) * 2 - 1
+    b = _hash01(seed, key, k + 1) * 2 - 1
+    return a + (b - a) * frac
+
+
+def stable_hex(n: int, *parts: Any) -> str:
+    out = ""
+    i = 0
+    while len(out) < n:
+        out += hashlib.sha256(repr((i, *parts)).encode()).hexdigest()
+        i += 1
+    return out[:n]
+
+
+def stable_int(lo: int, hi: int, *parts: Any) -> int:
+    return lo + int(_hash01(*parts) * (hi - lo))
+
+
+# ---- catalogue ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Image:
+    ref: str  # "vllm/vllm-openai:v0.17.0"
+    vllm_version: str  # what its log says
+    size_bytes: int
+    created: str  # docker images CREATED (a date)
+    knows_qwen35: bool
+
+    @property
+    def repo(self) -> str:
+        return self.ref.rsplit(":", 1)[0]
+
+    @property
+    def tag(self) -> str:
+        return self.ref.rsplit(":", 1)[1]
+
+    @property
+    def id(self) -> str:
+        return stable_hex(64, "image", self.ref)
+
+
+IMAGE_OLD = Image("vllm/vllm-openai:v0.14.1", "0.14.1", int(19.7 * GB), "2026-01-24", False)
+IMAGE_NEW = Image("vllm/vllm-openai:v0.17.0", "0.17.0", int(21.4 * GB), "2026-03-07", True)
+IMAGES = {i.ref: i for i in (IMAGE_OLD, IMAGE_NEW)}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    repo: str
+    architecture: str
+    disk_bytes: int  # the checkpoint on disk (what hf download / rsync move)
+    files: int  # files in the repo (hf download "Fetching N files")
+    shards: int  # safetensors shards (the loader's bar total)
+    weights_gib_tp1: float  # "Model loading took X GiB" at TP=1 (halved per node at TP=2)
+    overhead_gib: float  # activation peak + non-torch + graphs: gmu budget minus weights minus KV
+    kv_tokens_per_gib: float  # "GPU KV cache size: N tokens" per GiB of KV cache at TP=1
+    max_model_len: int
+    needs_new_vllm: bool = False  # Qwen3.5: vLLM >= 0.16
+    task: str = "generate"  # generate | embed | score
+    hybrid: bool = False  # linear-attention / mamba layers (vLLM prints the block-size lines)
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.repo: m
+    for m in (
+        ModelSpec("Qwen/Qwen3.5-122B-A10B-FP8", "Qwen3_5MoeForConditionalGeneration", int(125.2 * GB), 52, 40,
+                  116.62, 11.33, 10_896.0, 262_144, needs_new_vllm=True, hybrid=True),
+        ModelSpec("GadflyII/GLM-4.7-Flash-NVFP4", "Glm4MoeLiteForCausalLM", int(19.9 * GB), 12, 4,
+                  17.86, 4.2, 19_500.0, 202_752),
+        ModelSpec("Qwen/Qwen3-Embedding-0.6B", "Qwen3ForCausalLM", int(1.19 * GB), 11, 1,
+                  1.12, 0.8, 9_320.0, 32_768, task="embed"),
+        ModelSpec("Qwen/Qwen3-Reranker-0.6B", "Qwen3ForCausalLM", int(1.19 * GB), 11, 1,
+                  1.12, 0.8, 9_320.0, 40_960, task="score"),
+    )
+}
+
+
+# ---- memory curves -----------------------------------------------------------------------------
+
+@dataclass
+class Curve:
+    """Piecewise-linear bytes over time: 0 before the first point, the last value after it."""
+
+    points: list[tuple[float, float]] = field(default_factory=list)
+    end: float | None = None  # freed at this time (process exit / container stop)
+
+    def value(self, t: float) -> float:
+        if not self.points or t < self.points[0][0]:
+            return 0.0
+        if self.end is not None and t >= self.end:
+            return 0.0
+        prev_t, prev_v = self.points[0]
+        for pt, pv in self.points[1:]:
+            if t < pt:
+                if pt == prev_t:
+                    return pv
+                return prev_v + (pv - prev_v) * (t - prev_t) / (pt - prev_t)
+            prev_t, prev_v = pt, pv
+        return prev_v
+
+
+@dataclass
+class Holder:
+    """A process holding unified memory on a node (it shows in ``--query-compute-apps``)."""
+
+    node: str
+    pid: int
+    name: str  # "VLLM::EngineCore", "ray::RayWorkerWrapper"
+    curve: Curve
+    container: str | None = None
+    gpu: bool = True  # a GPU (CUDA) allocation, listed by nvidia-smi
+
+    def bytes_at(self, t: float) -> float:
+        return self.curve.value(t)
+
+
+@dataclass
+class CacheRamp:
+    """Page-cache growth: ``nbytes`` read or written between ``t0`` and ``t1`` on a node."""
+
+    node: str
+    t0: float
+    t1: float
+    nbytes: float
+
+
+# ---- containers and engines --------------------------------------------------------------------
+
+@dataclass
+class LogLine:
+    t: float
+    text: str
+
+
+@dataclass
+class EngineRun:
+    """One ``vllm serve`` run, planned when it starts (see :mod:`sparkconsole.sim.vllm_logs`)."""
+
+    model: str
+    served_name: str
+    version: str
+    port: int
+    tp: int
+    started: float
+    lines: list[LogLine]
+    holders: list[Holder]
+    ready_at: float | None = None
+    failed_at: float | None = None
+    failure: str | None = None  # oom | oom_startup | unsupported_architecture | ray | port
+    reasoning_parser: str | None = None
+    max_model_len: int = 0
+    activity: float = 0.0  # 0..1: steady traffic once ready (story engines serve requests)
+    nodes: tuple[str, ...] = ()
+    stopped_at: float | None = None
+    periodic: bool = False  # emits access-log / metrics lines while active
+    pid_api: int = 1
+    epoch0: float = 0.0  # unix time of sim time 0 (for the dates in periodic lines)
+    free_at_load: dict[str, float] = field(default_factory=dict)  # MemAvailable per node at load start
+
+    def is_ready(self, t: float) -> bool:
+        return (
+            self.ready_at is not None and t >= self.ready_at
+            and (self.stopped_at is None or t < self.stopped_at)
+        )
+
+    def ended(self, t: float) -> bool:
+        return (self.failed_at is not None and t >= self.failed_at) or (
+            self.stopped_at is not None and t >= self.stopped_at
+        )
+
+    def stop(self, t: float) -> None:
+        if self.stopped_at is None or self.stopped_at > t:
+            self.stopped_at = t
+        for h in self.holders:
+            if h.curve.end is None or h.curve.end > t:
+                h.curve.end = t
+
+
+@dataclass
+class Container:
+    id: str
+    name: str
+    image: str
+    argv: tuple[str, ...]
+    node: str
+    created: float
+    started: float | None
+    kind: str = "generic"  # vllm | ray | generic
+    stopped: float | None = None
+    exit_code: int | None = None
+    engine: EngineRun | None = None
+    log: list[LogLine] = field(default_factory=list)  # lines not from an engine (banner, ray)
+    env: tuple[tuple[str, str], ...] = ()
+    host_rss: int = 0  # CPU-side memory of the container's processes
+    network: str = "host"
+    mounts: str = ""
+    restarts: int = 0
+
+    def running(self, t: float) -> bool:
+        if self.started is None or t < self.started:
+            return False
+        if self.stopped is not None and t >= self.stopped:
+            return False
+        return not (self.engine is not None and self.engine.failed_at is not None and t >= self.engine.failed_at)
+
+    def state(self, t: float) -> str:
+        if self.started is None or t < self.started:
+            return "created"
+        return "running" if self.running(t) else "exited"
+
+    def exit_info(self, t: float) -> tuple[int, float] | None:
+        """(exit code, time) once it has exited."""
+        if self.running(t) or self.started is None:
+            return None
+        if self.stopped is not None and t >= self.stopped:
+            return (self.exit_code if self.exit_code is not None else 0, self.stopped)
+        if self.engine is not None and self.engine.failed_at is not None:
+            return (1, self.engine.failed_at)
+        return (0, self.started)
+
+    def log_lines(self, t: float) -> list[LogLine]:
+        lines = [ln for ln in self.log if ln.t <= t]
+        if self.engine is not None:
+            end = t
+            if self.stopped is not None:
+                end = min(end, self.stopped)
+            lines += [ln for ln in self.engine.lines if ln.t <= end]
+            lines += periodic_lines(self.engine, self.started or 0.0, end)
+        lines.sort(key=lambda ln: ln.t)
+        return lines
+
+
+def periodic_lines(run: EngineRun, since: float, until: float, limit: int | None = None) -> list[LogLine]:
+    """The access-log and metrics lines an engine prints while it serves traffic (10 s slots)."""
+    if not run.periodic or run.ready_at is None or run.activity <= 0:
+        return []
+    start = max(run.ready_at, since)
+    end = until if run.stopped_at is None else min(until, run.stopped_at)
+    if end <= start:
+        return []
+    from sparkconsole.sim import vllm_logs  # local import: vllm_logs imports this module
+
+    out: list[LogLine] = []
+    k_hi = math.floor((end - run.ready_at) / 10.0)
+    k_lo = max(1, math.floor((start - run.ready_at) / 10.0))
+    k = k_hi
+    while k >= k_lo:
+        slot_t = run.ready_at + 10.0 * k
+        if _hash01("slot", run.model, run.started, k) < run.activity:
+            out.extend(vllm_logs.traffic_lines(run, k, slot_t))
+            if limit is not None and len(out) >= limit:
+                break
+        k -= 1
+    out.sort(key=lambda ln: ln.t)
+    return [ln for ln in out if start <= ln.t <= end]
+
+
+# ---- transfers ---------------------------------------------------------------------------------
+
+@dataclass
+class Transfer:
+    """Bytes moving at a rate: ``kind`` is download | rsync | image."""
+
+    kind: str
+    what: str  # model repo or image ref
+    src: str | None  # node name (None: the internet)
+    dst: str
+    t0: float
+    nbytes: int
+    rate: float
+    failed_at: float | None = None
+    cancelled_at: float | None = None
+
+    @property
+    def t1(self) -> float:
+        return self.t0 + self.nbytes / self.rate
+
+    def done_bytes(self, t: float) -> float:
+        end = self.cancelled_at if self.cancelled_at is not None else math.inf
+        tt = min(t, end, self.t1)
+        return max(0.0, min(self.nbytes, (tt - self.t0) * self.rate))
+
+    def complete(self, t: float) -> bool:
+        return self.cancelled_at is None and self.failed_at is None and t >= self.t1
+
+
+# ---- ray ---------------------------------------------------------------------------------------
+
+@dataclass
+class RayMember:
+    node: str
+    node_id: str
+    ip: str
+    since: float
+    head: bool
+    container: str | None = None
+    cpus: float = float(CPUS)
+    gpus: float = 1.0
+    memory_gib: float = 110.88
+    object_store_gib: float = 9.73
+
+
+@dataclass
+class RayCluster:
+    address: str  # "192.168.200.12:6379"
+    members: dict[str, RayMember] = field(default_factory=dict)
+
+
+# ---- nodes -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Iface:
+    name: str
+    ifindex: int
+    mac: str
+    mtu: int
+    kind: str  # loopback | ether | wifi | bridge | cx7
+    ipv4: tuple[str, ...] = ()  # "192.168.200.12/24"
+    rdma: str | None = None  # the RoCE device of a CX-7 twin
+    port1: bool = False  # a twin of the cabled physical port
+    dynamic: bool = False  # DHCP address
+
+
+@dataclass
+class SimNode:
+    name: str
+    index: int  # 0 = head
+    role: str
+    internet: bool
+    fast_ip: str  # on enp1s0f1np1
+    fast_ip2: str  # on enP2p1s0f1np1
+    lan_ip: str  # on enP7s7
+    ifaces: tuple[Iface, ...]
+    images: dict[str, Image] = field(default_factory=dict)
+    models: dict[str, int] = field(default_factory=dict)  # repo -> bytes on disk at t=0
+    port1_up: bool = True
+    lost_at: float | None = None
+    boot_uptime: float = 0.0  # uptime at sim t=0
+    drop_times: list[float] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # small text files written by commands
+    pid_counter: int = 0
+
+    @property
+    def gpu_uuid(self) -> str:
+        h = stable_hex(32, "gpu", self.name)
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+    def link_up(self, iface: Iface) -> bool:
+        return iface.kind == "cx7" and iface.port1 and self.port1_up
+
+    def iface(self, name: str) -> Iface | None:
+        return next((i for i in self.ifaces if i.name == name), None)
+
+    def ips(self) -> list[str]:
+        return [a.split("/")[0] for i in self.ifaces for a in i.ipv4]
+
+    def lost(self, t: float) -> bool:
+        return self.lost_at is not None and t >= self.lost_at
+
+    def next_pid(self, lo: int = 1000) -> int:
+        self.pid_counter += 1
+        return stable_int(lo, 400_000, self.name, "pid", self.pid_counter)
+
+
+def _macs(base: str, n: int) -> list[str]:
+    head, last = base.rsplit(":", 1)
+    return [f"{head}:{int(last, 16) + i:02x}" for i in range(n)]
+
+
+def make_node(index: int, name: str, internet: bool, port1_up: bool = True) -> SimNode:
+    host = 12 + index
+    fast_ip, fast_ip2 = f"192.168.200.{host}", f"192.168.201.{host}"
+    lan_ip = f"10.42.0.{41 + index}"
+    mb = f"4c:bb:47:2f:{0x91 + 0x10 * index:02x}"
+    m = _macs(mb + ":11", 7)
+    ifaces = (
+        Iface("lo", 1, "00:00:00:00:00:00", 65536, "loopback", ("127.0.0.1/8",)),
+        Iface("enP7s7", 2, m[0], 1500, "ether", (f"{lan_ip}/24",), dynamic=True),
+        Iface("enp1s0f0np0", 3, m[1], 1500, "cx7", rdma="rocep1s0f0"),
+        Iface("enp1s0f1np1", 4, m[2], 1500, "cx7", (f"{fast_ip}/24",), rdma="rocep1s0f1", port1=True),
+        Iface("enP2p1s0f0np0", 5, _macs(mb + ":16", 1)[0], 1500, "cx7", rdma="roceP2p1s0f0"),
+        Iface("enP2p1s0f1np1", 6, _macs(mb + ":17", 1)[0], 1500, "cx7", (f"{fast_ip2}/24",),
+              rdma="roceP2p1s0f1", port1=True),
+        Iface("wlP9s9", 7, f"58:02:05:f5:{0xfb - index:02x}:8c", 1500, "wifi"),
+        Iface("docker0", 8, f"aa:ac:e4:c1:{0x87 + index:02x}:bd", 1500, "bridge", ("172.17.0.1/16",)),
+    )
+    return SimNode(
+        name=name, index=index, role="head" if index == 0 else "worker", internet=internet,
+        fast_ip=fast_ip, fast_ip2=fast_ip2, lan_ip=lan_ip, ifaces=ifaces, port1_up=port1_up,
+        boot_uptime=93_784.21 + 3_611.7 * index,
+    )
+
+
+DEFAULT_NAMES = ("spark-1a32", "spark-5be3")
+
+
+def node_names(n: int) -> list[str]:
+    names = list(DEFAULT_NAMES[:n])
+    for i in range(len(names), n):
+        names.append(f"spark-{stable_hex(4, 'node', i)}")
+    return names
+
+
+# ---- the cluster -------------------------------------------------------------------------------
+
+@dataclass
+class MemSnapshot:
+    total: int
+    free: int
+    available: int
+    cached: int
+    buffers: int
+    used_apps: int  # held by processes (GPU allocations + container RSS)
+    gpu_holders: list[tuple[Holder, int]]
+    swap_total: int = SWAP_TOTAL
+    swap_free: int = SWAP_TOTAL - 928 * MIB
+
+
+class SimCluster:
+    """N Sparks, their containers, transfers and Ray cluster, all driven by one clock."""
+
+    def __init__(self, clock: SimClock, n_nodes: int = 2, seed: int = 1234) -> None:
+        if n_nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.clock = clock
+        self.seed = seed
+        self.nodes: dict[str, SimNode] = {}
+        for i, name in enumerate(node_names(n_nodes)):
+            self.nodes[name] = make_node(i, name, internet=(i == 0))
+        self.containers: list[Container] = []
+        self.holders: list[Holder] = []
+        self.cache_ramps: list[CacheRamp] = []
+        self.transfers: list[Transfer] = []
+        self.ray: RayCluster | None = None
+        self.scenario = "story"
+
+    # -- basics --
+    def now(self) -> float:
+        return self.clock.now()
+
+    @property
+    def head(self) -> SimNode:
+        return next(iter(self.nodes.values()))
+
+    def node(self, name: str) -> SimNode:
+        return self.nodes[name]
+
+    def node_by_ip(self, ip: str) -> SimNode | None:
+        for n in self.nodes.values():
+            if ip in n.ips() and not ip.startswith(("127.", "172.17.")):
+                return n
+        return None
+
+    def reachable(self, src: SimNode, ip: str, t: float | None = None) -> SimNode | None:
+        """The node at ``ip`` if ``src`` can reach it now (fast link up, node not lost)."""
+        t = self.now() if t is None else t
+        dst = self.node_by_ip(ip)
+        if dst is None or dst.lost(t):
+            return None
+        if ip in (dst.fast_ip, dst.fast_ip2) and not (src.port1_up and dst.port1_up):
+            return None
+        return dst
+
+    # -- containers --
+    def containers_on(self, node: str) -> list[Container]:
+        return [c for c in self.containers if c.node == node]
+
+    def container(self, node: str, name_or_id: str) -> Container | None:
+        for c in reversed(self.containers):
+            if c.node == node and (c.name == name_or_id or (len(name_or_id) >= 4 and c.id.startswith(name_or_id))):
+                return c
+        return None
+
+    def add_container(self, c: Container) -> Container:
+        self.containers.append(c)
+        return c
+
+    def remove_container(self, c: Container) -> None:
+        self.containers.remove(c)
+
+    def engines_on(self, node: str) -> list[EngineRun]:
+        return [c.engine for c in self.containers if c.engine is not None and c.node == node]
+
+    def all_engines(self) -> list[tuple[Container, EngineRun]]:
+        return [(c, c.engine) for c in self.containers if c.engine is not None]
+
+    def engine_on_port(self, node: str, port: int, t: float) -> EngineRun | None:
+        for c in self.containers:
+            e = c.engine
+            if c.node == node and e is not None and e.port == port and c.running(t) and e.is_ready(t):
+                return e
+        return None
+
+    def port_taken(self, node: str, port: int, t: float) -> bool:
+        for c in self.containers:
+            e = c.engine
+            if c.node == node and e is not None and e.port == port and c.running(t) and not e.ended(t):
+                return True
+        return False
+
+    # -- memory --
+    def _holders_on(self, node: str) -> list[Holder]:
+        out = [h for h in self.holders if h.node == node]
+        for c in self.containers:
+            if c.engine is not None:
+                out.extend(h for h in c.engine.holders if h.node == node)
+        return out
+
+    def apps_bytes(self, node: str, t: float, exclude: EngineRun | None = None) -> float:
+        total = 0.0
+        for h in self._holders_on(node):
+            if exclude is not None and h in exclude.holders:
+                continue
+            total += h.bytes_at(t)
+        for c in self.containers:
+            if c.node == node and c.running(t):
+                total += c.host_rss
+        return total
+
+    def cache_bytes_raw(self, node: str, t: float) -> float:
+        n = self.nodes[node]
+        last_drop = max((d for d in n.drop_times if d <= t), default=None)
+        base = PAGE_CACHE_BASE if last_drop is None else PAGE_CACHE_FLOOR
+        total = float(base)
+        for r in self.cache_ramps:
+            if r.node != node or r.t0 > t:
+                continue
+            lo = r.t0 if last_drop is None else max(r.t0, last_drop)
+            hi = min(t, r.t1)
+            if hi <= lo:
+                continue
+            span = max(r.t1 - r.t0, 1e-9)
+            total += r.nbytes * (hi - lo) / span
+        return total
+
+    def memory(self, node: str, t: float | None = None) -> MemSnapshot:
+        t = self.now() if t is None else t
+        os_used = OS_BASE + int(0.04 * GIB * noise(self.seed, node + "os", t, 7.0))
+        apps = int(self.apps_bytes(node, t))
+        used = min(MEM_TOTAL - MIN_FREE, os_used + apps)
+        room = max(0, MEM_TOTAL - MIN_FREE - used)
+        cache_total = int(min(self.cache_bytes_raw(node, t), room))
+        buffers = min(cache_total, int(0.012 * cache_total) + 38 * MIB)
+        cached = cache_total - buffers
+        free = max(0, MEM_TOTAL - used - cache_total)
+        reclaim = max(0, cache_total - min(cache_total // 2, 300 * MIB))
+        available = max(0, min(MEM_TOTAL, free + reclaim))
+        gpu = [(h, int(h.bytes_at(t))) for h in self._holders_on(node) if h.gpu and h.bytes_at(t) > 0]
+        return MemSnapshot(MEM_TOTAL, free, available, cached, buffers, apps, gpu)
+
+    def drop_caches(self, node: str, t: float | None = None) -> None:
+        self.nodes[node].drop_times.append(self.now() if t is None else t)
+
+    # -- disk / models / images --
+    def model_bytes(self, node: str, repo: str, t: float | None = None) -> int:
+        t = self.now() if t is None else t
+        have = self.nodes[node].models.get(repo, 0)
+        for tr in self.transfers:
+            if tr.dst == node and tr.what == repo and tr.kind in ("download", "rsync") and tr.t0 <= t:
+                have = max(have, int(tr.done_bytes(t)))
+        return have
+
+    def has_model(self, node: str, repo: str, t: float | None = None) -> bool:
+        spec = MODELS.get(repo)
+        need = spec.disk_bytes if spec else 1
+        return self.model_bytes(node, repo, t) >= need
+
+    def images_on(self, node: str, t: float | None = None) -> dict[str, Image]:
+        t = self.now() if t is None else t
+        out = dict(self.nodes[node].images)
+        for tr in self.transfers:
+            if tr.dst == node and tr.kind == "image" and tr.complete(t):
+                out[tr.what] = IMAGES[tr.what]
+        return out
+
+    def disk_used(self, node: str, t: float | None = None) -> int:
+        t = self.now() if t is None else t
+        used = DISK_OS_USED + sum(i.size_bytes for i in self.images_on(node, t).values())
+        repos = set(self.nodes[node].models) | {tr.what for tr in self.transfers if tr.dst == node and tr.kind != "image"}
+        used += sum(self.model_bytes(node, r, t) for r in repos)
+        return used
+
+    # -- gpu telemetry --
+    def gpu_activity(self, node: str, t: float) -> float:
+        """0..1: how busy the GPU is (loading, profiling, capturing graphs, serving)."""
+        act = 0.0
+        for c in self.containers:
+            e = c.engine
+            if e is None or not c.running(t) or node not in (e.nodes or (c.node,)):
+                continue
+            if e.is_ready(t):
+                if e.activity > 0:
+                    k = math.floor((t - e.ready_at) / 10.0) if e.ready_at is not None else 0
+                    busy = _hash01("slot", e.model, e.started, k) < e.activity
+                    if busy:
+                        act += 0.55 + 0.35 * (noise(self.seed, node + e.model, t, 2.0) + 1) / 2
+            elif not e.ended(t):
+                act += 0.25  # loading / profiling / compiling
+        return max(0.0, min(1.0, act))
+
+    def gpu_util(self, node: str, t: float | None = None) -> int:
+        t = self.now() if t is None else t
+        if self.gpu_activity(node, t) <= 0:
+            return 0
+        return round(100 * self.gpu_activity(node, t))
+
+    def _smoothed_activity(self, node: str, t: float) -> float:
+        samples = [self.gpu_activity(node, t - d) for d in (0, 5, 15, 30, 60, 90)]
+        return sum(samples) / len(samples)
+
+    def gpu_temp(self, node: str, t: float | None = None) -> int:
+        t = self.now() if t is None else t
+        a = self._smoothed_activity(node, t)
+        return round(40 + 31 * a + 1.2 * noise(self.seed, node + "temp", t, 9.0))
+
+    def gpu_power(self, node: str, t: float | None = None) -> float:
+        t = self.now() if t is None else t
+        a = self.gpu_activity(node, t)
+        base = 3.7 + 0.5 * (noise(self.seed, node + "pw", t, 3.0) + 1) / 2
+        return round(base + 48.0 * a, 2)
+
+    def gpu_clock(self, node: str, t: float | None = None) -> int:
+        t = self.now() if t is None else t
+        a = self.gpu_activity(node, t)
+        if a <= 0:
+            return 208
+        return int(2405 + 80 * noise(self.seed, node + "clk", t, 2.0))
+
+    def pstate(self, node: str, t: float | None = None) -> str:
+        t = self.now() if t is None else t
+        return "P0" if self.gpu_activity(node, t) > 0 else "P8"
+
+    def load_avg(self, node: str, t: float | None = None) -> tuple[float, float, float]:
+        t = self.now() if t is None else t
+        n = 0.3 + 0.2 * noise(self.seed, node + "load", t, 5.0)
+        busy = sum(1 for c in self.containers if c.node == node and c.running(t))
+        act = self.gpu_activity(node, t)
+        one = max(0.0, n + 0.6 * busy + 3.0 * act)
+        return (round(one, 2), round(one * 0.9 + 0.1, 2), round(one * 0.8 + 0.15, 2))
+
+    def uptime(self, node: str, t: float | None = None) -> float:
+        t = self.now() if t is None else t
+        return self.nodes[node].boot_uptime + t
+
+    # -- ray --
+    def ray_members(self, t: float | None = None) -> list[RayMember]:
+        t = self.now() if t is None else t
+        if self.ray is None:
+            return []
+        out = []
+        for m in self.ray.members.values():
+            if m.since > t or self.nodes[m.node].lost(t):
+                continue
+            if m.container is not None:
+                c = self.container(m.node, m.container)
+                if c is None or not c.running(t):
+                    continue
+            out.append(m)
+        return out
+
+    def ray_gpus_used(self, t: float | None = None) -> float:
+        t = self.now() if t is None else t
+        used = 0.0
+        for _c, e in self.all_engines():
+            if e.tp > 1 and not e.ended(t) and e.started <= t and len(e.nodes) > 1:
+                used += e.tp
+        return used
+
+    # -- snapshot of everything (tests) --
+    def summary(self, t: float | None = None) -> dict[str, Any]:
+        t = self.now() if t is None else t
+        out: dict[str, Any] = {}
+        for name in self.nodes:
+            m = self.memory(name, t)
+            out[name] = {
+                "mem_total": m.total, "mem_available": m.available, "mem_free": m.free,
+                "cached": m.cached, "gpu_util": self.gpu_util(name, t),
+                "containers": [(c.name, c.state(t)) for c in self.containers_on(name)],
+            }
+        return out

@@ -1,0 +1,316 @@
+"""The simulated Sparks behind real SSH servers (asyncssh), one per node, on loopback.
+
+Each node gets its own server on ``127.0.0.1`` and an ephemeral port, its own generated Ed25519
+host key, and accepts one generated client key. :func:`start_demo_cluster` writes the client's
+private key and a ``known_hosts`` (``[127.0.0.1]:PORT ssh-ed25519 ...``, one line per node) into
+a temporary directory and returns a :class:`~sparkconsole.config.ClusterConfig` that points the
+real SSH transport at them, so the console verifies host keys exactly as it does with real nodes.
+Plain OpenSSH works too::
+
+    ssh -i KEY -p PORT -o UserKnownHostsFile=FILE root@127.0.0.1 nvidia-smi
+
+What the server does with an exec request: a command containing the probe's ``HEADER`` runs the
+probe protocol (one line per tick on stdin naming sections; each section's ``argv`` goes through
+the node's :class:`~sparkconsole.sim.shell.Shell`; framed as ``::sparkprobe:: begin N`` / ``section
+X`` / output / ``rc X code`` / ``end N``); any other command goes to the shell, its output streams
+as sim time passes (``docker logs -f``), and closing the channel stops it. A shell request (no
+command) gets a one-line notice: the sim is exec-only.
+
+``node-lost``: once the node's ``lost_at`` sim time passes, the node stops answering: existing
+channels go silent (nothing more is written, incoming data is no longer read), and the listening
+port is taken over by a socket that accepts TCP connections but never sends an SSH banner, so new
+connections time out in the handshake like a frozen host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncssh
+
+from sparkconsole.config import ClusterConfig, NodeConfig
+from sparkconsole.probe.script import HEADER, MARK, SECTION_BY_NAME
+from sparkconsole.sim.clock import SimClock
+from sparkconsole.sim.model import SimCluster
+from sparkconsole.sim.shell import Shell
+
+DEMO_USER = "root"
+
+
+class _Server(asyncssh.SSHServer):
+    def __init__(self, owner: NodeServer) -> None:
+        self.owner = owner
+        self.conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
+        self.owner.connections.add(conn)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.owner.connections.discard(self.conn)
+
+    def begin_auth(self, username: str) -> bool:
+        return True  # public-key auth against the demo's client key (authorized_client_keys)
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+
+class NodeServer:
+    """One simulated Spark's SSH endpoint."""
+
+    def __init__(self, sim: SimCluster, node: str, host_key: asyncssh.SSHKey,
+                 client_keys: asyncssh.SSHAuthorizedKeys, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.sim = sim
+        self.node = node
+        self.host = host
+        self.port = port
+        self.host_key = host_key
+        self.client_keys = client_keys
+        self.connections: set[asyncssh.SSHServerConnection] = set()
+        self._acceptor: asyncssh.SSHAcceptor | None = None
+        self._blackhole: asyncio.base_events.Server | None = None
+        self._held: list[asyncio.StreamWriter] = []
+        self._watch: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[object]] = set()
+        self.frozen = False
+
+    async def start(self) -> int:
+        self._acceptor = await asyncssh.create_server(
+            lambda: _Server(self), self.host, self.port,
+            server_host_keys=[self.host_key], authorized_client_keys=self.client_keys,
+            process_factory=self._handle, encoding="utf-8", line_editor=False,
+            keepalive_interval=0, login_timeout=30,
+        )
+        sockets = self._acceptor.sockets
+        self.port = sockets[0].getsockname()[1]
+        if self.sim.nodes[self.node].lost_at is not None:
+            self._watch = asyncio.create_task(self._watch_lost())
+        return self.port
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+        for conn in list(self.connections):
+            conn.abort()
+        if self._acceptor is not None:
+            self._acceptor.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._acceptor.wait_closed(), 2)
+        if self._blackhole is not None:
+            self._blackhole.close()
+        for w in self._held:
+            w.close()
+
+    # ---- node-lost ---------------------------------------------------------------------------
+
+    async def _watch_lost(self) -> None:
+        lost_at = self.sim.nodes[self.node].lost_at
+        assert lost_at is not None
+        await self.sim.clock.sleep(max(0.0, lost_at - self.sim.now()))
+        await self.freeze()
+
+    async def freeze(self) -> None:
+        """Stop answering: silence live channels, hold new TCP connections without a banner."""
+        if self.frozen:
+            return
+        self.frozen = True
+        for conn in list(self.connections):
+            transport = getattr(conn, "_transport", None)
+            with contextlib.suppress(Exception):
+                transport.pause_reading()  # type: ignore[union-attr]
+        if self._acceptor is not None:
+            self._acceptor.close()
+            self._acceptor = None
+
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._held.append(writer)
+
+        for _ in range(20):
+            try:
+                self._blackhole = await asyncio.start_server(hold, self.host, self.port, reuse_address=True)
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+
+    def _lost(self) -> bool:
+        return self.frozen or self.sim.nodes[self.node].lost(self.sim.now())
+
+    async def _hang(self) -> None:
+        await asyncio.get_running_loop().create_future()
+
+    # ---- sessions ----------------------------------------------------------------------------
+
+    async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            if self._lost():
+                await self._hang()
+            cmd = process.command
+            if cmd is None:
+                process.stdout.write(f"{self.node}: this simulated Spark only runs commands "
+                                     "(ssh ... root@127.0.0.1 COMMAND)\n")
+                process.exit(0)
+                return
+            if HEADER in cmd:
+                rc = await self._probe(process)
+            else:
+                rc = await self._exec(process, cmd)
+            if self._lost():
+                await self._hang()
+            process.exit(rc)
+        except (asyncio.CancelledError, BrokenPipeError, ConnectionError, asyncssh.Error):
+            with contextlib.suppress(Exception):
+                process.close()
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    def _writer(self, stream) -> object:
+        def write(s: str) -> None:
+            if self._lost() or not s:
+                return
+            with contextlib.suppress(Exception):
+                stream.write(s)
+        return write
+
+    async def _exec(self, process: asyncssh.SSHServerProcess, cmd: str) -> int:
+        shell = Shell(self.sim, self.node)
+        run = asyncio.ensure_future(shell.run(cmd, self._writer(process.stdout), self._writer(process.stderr)))
+        closed = asyncio.ensure_future(process.wait_closed())
+        done, _ = await asyncio.wait({run, closed}, return_when=asyncio.FIRST_COMPLETED)
+        if run not in done:
+            run.cancel()
+            with contextlib.suppress(BaseException):
+                await run
+            raise asyncio.CancelledError
+        closed.cancel()
+        return run.result()
+
+    async def _probe(self, process: asyncssh.SSHServerProcess) -> int:
+        shell = Shell(self.sim, self.node)
+        seq = 0
+        while True:
+            line = await process.stdin.readline()
+            if not line:
+                return 0
+            if self._lost():
+                await self._hang()
+            seq += 1
+            out = [f"{MARK} begin {seq}\n"]
+            for name in line.split():
+                out.append(f"{MARK} section {name}\n")
+                sec = SECTION_BY_NAME.get(name)
+                if sec is None:
+                    out.append(f"unknown section: {name}\n")
+                    rc = 1
+                else:
+                    buf: list[str] = []
+                    rc = await shell.run(sec.shell(), buf.append, buf.append)
+                    text = "".join(buf)
+                    if text and not text.endswith("\n"):
+                        text += "\n"
+                    out.append(text)
+                out.append(f"{MARK} rc {name} {rc}\n")
+            out.append(f"{MARK} end {seq}\n")
+            if self._lost():
+                await self._hang()
+            process.stdout.write("".join(out))
+            await process.stdout.drain()
+
+
+# ---- the demo cluster --------------------------------------------------------------------------
+
+
+@dataclass
+class DemoCluster:
+    """A running simulated cluster: ``config`` for the console, ``sim`` for tests."""
+
+    sim: SimCluster
+    config: ClusterConfig
+    servers: dict[str, NodeServer]
+    workdir: Path
+    key_path: Path
+    known_hosts_path: Path
+    _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+
+    @property
+    def clock(self) -> SimClock:
+        return self.sim.clock
+
+    def ssh_commands(self) -> list[str]:
+        """How to reach each node with plain OpenSSH."""
+        out = []
+        for name, srv in self.servers.items():
+            out.append(f"{name}: ssh -i {self.key_path} -p {srv.port} -o UserKnownHostsFile={self.known_hosts_path} "
+                       f"-o IdentitiesOnly=yes {DEMO_USER}@127.0.0.1")
+        return out
+
+    async def stop(self) -> None:
+        for srv in self.servers.values():
+            await srv.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+async def start_cluster(sim: SimCluster, workdir: str | os.PathLike[str] | None = None,
+                        read_only: bool = False) -> DemoCluster:
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="sparkconsole-demo-")
+        workdir = tmp.name
+    wd = Path(workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    client_key = asyncssh.generate_private_key("ssh-ed25519", comment="sparkconsole-demo")
+    key_path = wd / "id_ed25519"
+    key_path.write_bytes(client_key.export_private_key())
+    os.chmod(key_path, 0o600)
+    (wd / "id_ed25519.pub").write_bytes(client_key.export_public_key())
+    authorized = asyncssh.import_authorized_keys(client_key.export_public_key().decode())
+    servers: dict[str, NodeServer] = {}
+    kh_lines = []
+    nodes = []
+    for name, node in sim.nodes.items():
+        host_key = asyncssh.generate_private_key("ssh-ed25519")
+        srv = NodeServer(sim, name, host_key, authorized)
+        port = await srv.start()
+        servers[name] = srv
+        pub = host_key.export_public_key("openssh").decode().strip()
+        kh_lines.append(f"[127.0.0.1]:{port} {pub}")
+        nodes.append(NodeConfig(name=name, host="127.0.0.1", user=DEMO_USER, port=port, role=node.role,
+                                fast_link="enp1s0f1np1", known_hosts=str(wd / "known_hosts"),
+                                identity=str(key_path)))
+    kh = wd / "known_hosts"
+    kh.write_text("\n".join(kh_lines) + "\n")
+    config = ClusterConfig(nodes=tuple(nodes), name=f"demo-{sim.scenario}", read_only=read_only,
+                           services=("nvidia-dgx-dashboard", "ollama"), source="demo")
+    return DemoCluster(sim=sim, config=config, servers=servers, workdir=wd, key_path=key_path,
+                       known_hosts_path=kh, _tmp=tmp)
+
+
+@contextlib.asynccontextmanager
+async def start_demo_cluster(nodes: int = 2, scenario: str = "story", speed: float = 1.0,
+                             clock: SimClock | None = None, seed: int = 1234, read_only: bool = False,
+                             lost_after: float = 20.0) -> AsyncIterator[DemoCluster]:
+    """``async with start_demo_cluster() as demo:`` — a simulated cluster behind SSH, torn down after."""
+    from sparkconsole.sim.scenarios import build
+
+    clock = clock or SimClock(speed=speed)
+    sim = build(scenario, nodes=nodes, clock=clock, seed=seed, lost_after=lost_after)
+    demo = await start_cluster(sim, read_only=read_only)
+    try:
+        yield demo
+    finally:
+        await demo.stop()

@@ -1,0 +1,772 @@
+"""What a simulated ``vllm serve`` prints, and when: version-specific log scripts.
+
+Every line is built from the format strings of the real vLLM release the image carries (see
+``../shared/research/vllm-log-phases.md`` and ``tests/fixtures/real/vllm-logs/``):
+
+* the envelope ``(APIServer pid=1) INFO 03-27 17:45:01 [api_server.py:1351] ...``, engine lines
+  under ``(EngineCore_DP0 pid=N)``, Ray workers under ``(EngineCore_DP0 pid=N) (RayWorkerWrapper
+  pid=M, ip=A.B.C.D)`` (``ip=`` only on another node);
+* 0.14.x: ``vLLM API server version 0.14.1`` and ``non-default args: {...}``; 0.17.x: the ASCII
+  banner with ``version`` and ``model`` rows;
+* the shard bar ``Loading safetensors checkpoint shards:  40% Completed | 16/40 [00:52<01:18,
+  3.27s/it]`` (tqdm ``{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<
+  {remaining}, {rate_fmt}]``, final bar printed twice), ``Loading weights took %.2f seconds``,
+  ``Model loading took %s GiB memory and %.6f seconds``, ``Available KV cache memory: %s GiB``,
+  ``GPU KV cache size: %s tokens``, ``Maximum concurrency for %s tokens per request: %.2fx``,
+  CUDA-graph capture bars, ``Starting vLLM API server 0 on http://0.0.0.0:8000``, uvicorn's
+  ``INFO:     Application startup complete.``;
+* failures: a Qwen3.5 model on the 0.14 image fails in config validation with the registry's
+  ``Model architectures [...] are not supported for now. Supported architectures: ...``; the
+  start-up check ``ValueError: Free memory on device cuda:0 (F/121.69 GiB) on startup is less
+  than desired GPU memory utilization (U, R GiB)...`` (vLLM compares against what CUDA reports
+  free: MemFree, so a full page cache trips it — drop the caches); weights that do not fit what
+  is available die in loading with ``torch.OutOfMemoryError: CUDA out of memory. Tried to
+  allocate ...`` at the exact moment the loaded weights reach what was free; TP>1 without a Ray
+  cluster holding enough GPUs waits for a placement group (``Waiting for creating a placement
+  group of specs for N seconds``) and gives up after 1800 s; a taken port fails with
+  ``OSError: [Errno 98] Address already in use``.
+
+:func:`plan_serve` turns one ``vllm serve`` command into an :class:`~sparkconsole.sim.model.
+EngineRun`: its timed lines, the memory curves of its processes on every node it spans, and
+when it becomes ready or fails. The plan is made once, from the cluster as it is when the
+command starts (a node joining Ray later does not rescue an engine already waiting).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from sparkconsole.sim.model import (
+    CUDA_TOTAL_GIB,
+    GIB,
+    MEM_TOTAL,
+    MIB,
+    MODELS,
+    Curve,
+    EngineRun,
+    Holder,
+    LogLine,
+    ModelSpec,
+    SimCluster,
+    SimNode,
+    _hash01,
+    stable_hex,
+    stable_int,
+)
+
+# ---- serve arguments ---------------------------------------------------------------------------
+
+
+@dataclass
+class ServeArgs:
+    model: str
+    host: str = "0.0.0.0"
+    port: int = 8000
+    tp: int = 1
+    gmu: float = 0.9
+    max_model_len: int | None = None
+    served_name: str | None = None
+    reasoning_parser: str | None = None
+    backend: str | None = None
+    enforce_eager: bool = False
+    load_format: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_dtype: str | None = None
+    enable_prefix_caching: bool | None = None
+    trust_remote_code: bool = False
+    runner: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class ServeArgError(ValueError):
+    pass
+
+
+_VALUE_FLAGS = {
+    "--host": "host", "--port": "port", "--tensor-parallel-size": "tp", "-tp": "tp",
+    "--gpu-memory-utilization": "gmu", "--max-model-len": "max_model_len",
+    "--served-model-name": "served_name", "--reasoning-parser": "reasoning_parser",
+    "--distributed-executor-backend": "backend", "--load-format": "load_format",
+    "--max-num-seqs": "max_num_seqs", "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--kv-cache-dtype": "kv_cache_dtype", "--runner": "runner", "--task": "runner",
+}
+_BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--trust-remote-code": "trust_remote_code",
+               "--enable-prefix-caching": "enable_prefix_caching"}
+
+
+def parse_serve_args(argv: list[str]) -> ServeArgs:
+    """``vllm serve MODEL [flags]`` (argv after ``serve``)."""
+    if not argv or argv[0].startswith("-"):
+        raise ServeArgError("vllm serve: error: the following arguments are required: model_tag")
+    args = ServeArgs(model=argv[0])
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        key, val = ([*a.split("=", 1), None])[:2] if a.startswith("--") and "=" in a else (a, None)
+        if key in _VALUE_FLAGS:
+            if val is None:
+                if i + 1 >= len(argv):
+                    raise ServeArgError(f"vllm serve: error: argument {key}: expected one argument")
+                val = argv[i + 1]
+                i += 1
+            attr = _VALUE_FLAGS[key]
+            try:
+                if attr in ("port", "tp", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+                    setattr(args, attr, int(val))
+                elif attr == "gmu":
+                    args.gmu = float(val)
+                else:
+                    setattr(args, attr, val)
+            except ValueError:
+                raise ServeArgError(f"vllm serve: error: argument {key}: invalid value: '{val}'") from None
+        elif key in _BOOL_FLAGS:
+            setattr(args, _BOOL_FLAGS[key], True)
+        elif key == "--no-enable-prefix-caching":
+            args.enable_prefix_caching = False
+        elif key.startswith("--"):
+            # other flags are accepted and shown in non-default args; a following value is kept
+            if val is None and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                val = argv[i + 1]
+                i += 1
+            args.extra[key[2:].replace("-", "_")] = True if val is None else val
+        i += 1
+    if not 0 < args.gmu <= 1:
+        raise ServeArgError(f"vllm serve: error: gpu_memory_utilization must be in (0, 1], got {args.gmu}")
+    return args
+
+
+# ---- formatting helpers ------------------------------------------------------------------------
+
+
+def stamp(cluster: SimCluster, t: float) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.gmtime(cluster.clock.epoch(t)))
+
+
+def fmt_interval(s: float) -> str:
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h:d}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+
+
+def shard_bar(desc: str, n: int, total: int, elapsed: float) -> str:
+    pct = 100.0 * n / total if total else 100.0
+    if n == 0:
+        return f"{desc}: {pct:3.0f}% Completed | {n}/{total} [00:00<?, ?it/s]"
+    per = elapsed / n
+    rate = f"{per:5.2f}s/it" if per >= 1 else f"{1 / per:5.2f}it/s"
+    return f"{desc}: {pct:3.0f}% Completed | {n}/{total} [{fmt_interval(elapsed)}<{fmt_interval(per * (total - n))}, {rate}]"
+
+
+def tqdm_bar(desc: str, n: int, total: int, elapsed: float) -> str:
+    frac = n / total if total else 1.0
+    full = int(frac * 10)
+    bar = "█" * full + ("" if full == 10 else " " * (10 - full))
+    rate = n / elapsed if elapsed > 0 else 0.0
+    r = f"{rate:5.2f}it/s" if rate >= 1 or rate == 0 else f"{1 / rate:5.2f}s/it"
+    return f"{desc}: {100 * frac:3.0f}%|{bar}| {n}/{total} [{fmt_interval(elapsed)}<00:00, {r}]"
+
+
+def gib(x: float) -> str:
+    """vLLM 0.14+ ``format_gib``: round to 2 decimals, printed as a float."""
+    return str(round(x, 2))
+
+
+SUPPORTED_ARCHS_014 = [
+    "AfmoeForCausalLM", "ApertusForCausalLM", "AquilaModel", "AquilaForCausalLM", "ArceeForCausalLM",
+    "ArcticForCausalLM", "BaiChuanForCausalLM", "BaichuanForCausalLM", "BailingMoeForCausalLM",
+    "BailingMoeV2ForCausalLM", "BambaForCausalLM", "BloomForCausalLM", "ChatGLMModel",
+    "ChatGLMForConditionalGeneration", "CohereForCausalLM", "Cohere2ForCausalLM", "CwmForCausalLM",
+    "DbrxForCausalLM", "DeciLMForCausalLM", "DeepseekForCausalLM", "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "Dots1ForCausalLM", "Ernie4_5ForCausalLM",
+    "Ernie4_5_MoeForCausalLM", "ExaoneForCausalLM", "Exaone4ForCausalLM", "FalconForCausalLM",
+    "Fairseq2LlamaForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+    "Gemma3nForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM",
+    "Glm4MoeLiteForCausalLM", "GptOssForCausalLM", "GPT2LMHeadModel", "GPTBigCodeForCausalLM",
+    "GPTJForCausalLM", "GPTNeoXForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM",
+    "GraniteMoeHybridForCausalLM", "GraniteMoeSharedForCausalLM", "GritLM", "Grok1ModelForCausalLM",
+    "HunYuanMoEV1ForCausalLM", "HunYuanDenseV1ForCausalLM", "HCXVisionForCausalLM",
+    "InternLMForCausalLM", "InternLM2ForCausalLM", "InternLM2VEForCausalLM", "InternLM3ForCausalLM",
+    "JAISLMHeadModel", "JambaForCausalLM", "KimiLinearForCausalLM", "Lfm2ForCausalLM",
+    "Lfm2MoeForCausalLM", "LlamaForCausalLM", "Llama4ForCausalLM", "LLaMAForCausalLM",
+    "LongcatFlashForCausalLM", "MambaForCausalLM", "Mamba2ForCausalLM", "MiniCPMForCausalLM",
+    "MiniCPM3ForCausalLM", "MiniMaxForCausalLM", "MiniMaxText01ForCausalLM", "MiniMaxM1ForCausalLM",
+    "MiniMaxM2ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "MotifForCausalLM",
+    "MptForCausalLM", "MPTForCausalLM", "NemotronForCausalLM", "NemotronHForCausalLM",
+    "OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "OPTForCausalLM",
+    "OrionForCausalLM", "OuroForCausalLM", "PanguEmbeddedForCausalLM", "PanguUltraMoEForCausalLM",
+    "PersimmonForCausalLM", "PhiForCausalLM", "Phi3ForCausalLM", "PhiMoEForCausalLM",
+    "Plamo2ForCausalLM", "QWenLMHeadModel", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM",
+    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "RWForCausalLM",
+    "SeedOssForCausalLM", "Step3TextForCausalLM", "StableLMEpochForCausalLM", "StableLmForCausalLM",
+    "Starcoder2ForCausalLM", "SolarForCausalLM", "TeleChat2ForCausalLM", "TeleFLMForCausalLM",
+    "XverseForCausalLM", "Zamba2ForCausalLM", "BertModel", "Gemma2Model", "Gemma3TextModel",
+    "GPT2ForSequenceClassification", "LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model",
+    "RobertaModel", "XLMRobertaModel", "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration", "Qwen2_5OmniModel", "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
+    "Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration", "MllamaForConditionalGeneration",
+]
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+
+
+class _Script:
+    def __init__(self, cluster: SimCluster, t0: float) -> None:
+        self.cluster = cluster
+        self.t0 = t0
+        self.lines: list[LogLine] = []
+
+    def raw(self, dt: float, text: str) -> None:
+        self.lines.append(LogLine(self.t0 + dt, text))
+
+    def log(self, dt: float, prefix: str, level: str, src: str, msg: str) -> None:
+        self.raw(dt, f"{prefix}{level} {stamp(self.cluster, self.t0 + dt)} [{src}] {msg}")
+
+    def traceback(self, dt: float, prefix: str, frames: list[tuple[str, int, str, str]], exc: str,
+                  level_src: str | None = None) -> None:
+        """A Python traceback; ``level_src`` logs it frame by frame at ERROR (EngineCore style)."""
+        body = ["Traceback (most recent call last):"]
+        for path, line, func, code in frames:
+            body.append(f'  File "{path}", line {line}, in {func}')
+            body.append(f"    {code}")
+        body.extend(exc.split("\n"))
+        for b in body:
+            if level_src:
+                self.log(dt, prefix, "ERROR", level_src, b)
+            else:
+                self.raw(dt, f"{prefix}{b}")
+
+
+PY = "/usr/local/lib/python3.12/dist-packages"
+
+
+def _nondefault(args: ServeArgs, spec_max: int) -> str:
+    d: dict[str, object] = {"model_tag": args.model}
+    d["host"] = args.host
+    if args.port != 8000:
+        d["port"] = args.port
+    d["model"] = args.model
+    if args.trust_remote_code:
+        d["trust_remote_code"] = True
+    if args.max_model_len:
+        d["max_model_len"] = args.max_model_len
+    if args.served_name:
+        d["served_model_name"] = [args.served_name]
+    if args.load_format:
+        d["load_format"] = args.load_format
+    if args.backend:
+        d["distributed_executor_backend"] = args.backend
+    if args.tp != 1:
+        d["tensor_parallel_size"] = args.tp
+    if args.gmu != 0.9:
+        d["gpu_memory_utilization"] = args.gmu
+    if args.kv_cache_dtype:
+        d["kv_cache_dtype"] = args.kv_cache_dtype
+    if args.enable_prefix_caching is not None:
+        d["enable_prefix_caching"] = args.enable_prefix_caching
+    if args.max_num_seqs:
+        d["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens:
+        d["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.reasoning_parser:
+        d["reasoning_parser"] = args.reasoning_parser
+    if args.enforce_eager:
+        d["enforce_eager"] = True
+    for k, v in args.extra.items():
+        d[k] = v
+    return repr(d)
+
+
+def plan_serve(
+    cluster: SimCluster,
+    node: SimNode,
+    container: str,
+    version: str,
+    args: ServeArgs,
+    t0: float,
+    pid_api: int = 1,
+    activity: float = 0.0,
+) -> EngineRun:
+    """Plan one ``vllm serve`` run started at sim time ``t0`` in ``container`` on ``node``."""
+    new = not version.startswith("0.14")
+    sc = _Script(cluster, t0)
+    api = f"(APIServer pid={pid_api}) "
+    pid_core = stable_int(150, 6000, node.name, container, t0, "core")
+    core = f"(EngineCore_DP0 pid={pid_core}) "
+    spec: ModelSpec | None = MODELS.get(args.model)
+    served = args.served_name or args.model
+    run = EngineRun(model=args.model, served_name=served, version=version, port=args.port, tp=args.tp,
+                    started=t0, lines=sc.lines, holders=[], reasoning_parser=args.reasoning_parser,
+                    activity=activity, nodes=(node.name,), pid_api=pid_api, epoch0=cluster.clock.epoch(0.0))
+
+    def fail(dt: float, kind: str) -> EngineRun:
+        run.failed_at = t0 + dt
+        run.failure = kind
+        for h in run.holders:
+            if h.curve.end is None or h.curve.end > run.failed_at:
+                h.curve.end = run.failed_at
+        return run
+
+    # P1: version and args
+    if new:
+        logo = [
+            "",
+            "       █     █     █▄   ▄█",
+            f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {version}",
+            f"  █▄█▀ █     █     █     █  model   {args.model}",
+            "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀",
+            "",
+        ]
+        for row in logo:
+            sc.log(0.0, api, "INFO", "utils.py:292", row)
+        sc.log(0.0, api, "INFO", "utils.py:228", f"non-default args: {_nondefault(args, 0)}")
+    else:
+        sc.log(0.0, api, "INFO", "api_server.py:1351", f"vLLM API server version {version}")
+        sc.log(0.0, api, "INFO", "utils.py:253", f"non-default args: {_nondefault(args, 0)}")
+
+    cli_frames = [
+        ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
+        (f"{PY}/vllm/entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
+        (f"{PY}/vllm/entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
+    ]
+
+    # unknown model / unsupported architecture
+    arch = spec.architecture if spec else "LlamaForCausalLM"
+    if spec is not None and spec.needs_new_vllm and not new:
+        archs = ", ".join(repr(a) for a in SUPPORTED_ARCHS_014)
+        frames = [*cli_frames,
+                  (f"{PY}/vllm/entrypoints/openai/api_server.py", 1398, "run_server",
+                   "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)"),
+                  (f"{PY}/vllm/engine/arg_utils.py", 1152, "create_model_config", "return ModelConfig("),
+                  (f"{PY}/pydantic/_internal/_dataclasses.py", 121, "__init__",
+                   "s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)")]
+        inp = "ArgsKwargs((), {'model': '" + args.model + "', 'runner': 'auto', ...})"
+        exc = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+               f"  Value error, Model architectures ['{arch}'] are not supported for now. "
+               f"Supported architectures: dict_keys([{archs}]) "
+               f"[type=value_error, input_value={inp}, input_type=ArgsKwargs]\n"
+               "    For further information visit https://errors.pydantic.dev/2.12/v/value_error")
+        sc.traceback(4.8, api, frames, exc)
+        return fail(4.9, "unsupported_architecture")
+
+    # the socket is bound before the engine starts
+    if cluster.port_taken(node.name, args.port, t0):
+        frames = [*cli_frames,
+                  (f"{PY}/vllm/entrypoints/openai/api_server.py", 1384, "run_server",
+                   "sock = setup_server(args)"),
+                  (f"{PY}/vllm/entrypoints/openai/api_server.py", 1352, "setup_server",
+                   "sock = create_server_socket(sock_addr)"),
+                  (f"{PY}/vllm/entrypoints/openai/api_server.py", 1318, "create_server_socket",
+                   "sock.bind(addr)")]
+        sc.traceback(0.6, api, frames, "OSError: [Errno 98] Address already in use")
+        return fail(0.7, "port")
+
+    mml = args.max_model_len or (spec.max_model_len if spec else 32768)
+    run.max_model_len = mml
+    sc.log(5.1, api, "INFO", "model.py:541", f"Resolved architecture: {arch}")
+    sc.log(5.1, api, "INFO", "model.py:1561", f"Using max model len {mml}")
+    if spec is not None and spec.hybrid:
+        sc.log(5.2, api, "INFO", "config.py:424", "Setting attention block size to 1056 tokens to ensure that "
+               "attention page size is >= mamba page size.")
+        sc.log(5.2, api, "INFO", "config.py:448", "Padding mamba page size by 0.76% to ensure that mamba page "
+               "size and attention page size are exactly equal.")
+    nbt = args.max_num_batched_tokens or (8192 if new else 2048)
+    sc.log(5.2, api, "INFO", "scheduler.py:231", f"Chunked prefill is enabled with max_num_batched_tokens={nbt}.")
+    sc.log(9.4, core, "INFO", "core.py:93",
+           f"Initializing a V1 LLM engine (v{version}) with config: model='{args.model}', speculative_config=None, "
+           f"tokenizer='{args.model}', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
+           f"trust_remote_code={args.trust_remote_code}, dtype=torch.bfloat16, max_seq_len={mml}, download_dir=None, "
+           f"load_format={args.load_format or 'auto'}, tensor_parallel_size={args.tp}, pipeline_parallel_size=1, "
+           f"data_parallel_size=1, disable_custom_all_reduce=False, quantization="
+           f"{'fp8' if 'FP8' in args.model else ('modelopt_fp4' if 'NVFP4' in args.model else None)}, "
+           f"enforce_eager={args.enforce_eager}, kv_cache_dtype={args.kv_cache_dtype or 'auto'}, device_config=cuda, "
+           f"seed=0, served_model_name={served}, enable_prefix_caching="
+           f"{args.enable_prefix_caching if args.enable_prefix_caching is not None else True}, "
+           f"enable_chunked_prefill=True")
+
+    # ---- distributed set-up
+    ip_head = node.fast_ip
+    span_nodes: list[tuple[SimNode, int]] = [(node, pid_core)]  # node, pid of the process holding memory
+    t = 11.0
+    engine_frames = [(f"{PY}/vllm/v1/engine/core.py", 846, "run_engine_core",
+                      "engine_core = EngineCoreProc(*args, **kwargs)"),
+                     (f"{PY}/vllm/v1/engine/core.py", 606, "__init__", "super().__init__("),
+                     (f"{PY}/vllm/v1/engine/core.py", 102, "__init__",
+                      "self.model_executor = executor_class(vllm_config)")]
+
+    def engine_failed(dt: float, frames: list[tuple[str, int, str, str]], exc: str, kind: str,
+                      prefix: str = core) -> EngineRun:
+        sc.log(dt, prefix, "ERROR", "core.py:866", "EngineCore failed to start.")
+        sc.traceback(dt, prefix, [*engine_frames, *frames], exc, level_src="core.py:866")
+        sc.raw(dt + 0.4, f"{api}Traceback (most recent call last):")
+        for fpath, ln, fn, code in cli_frames:
+            sc.raw(dt + 0.4, f'{api}  File "{fpath}", line {ln}, in {fn}')
+            sc.raw(dt + 0.4, f"{api}    {code}")
+        sc.raw(dt + 0.4, f"{api}RuntimeError: Engine core initialization failed. See root cause above. "
+               f"Failed core proc(s): {{}}")
+        return fail(dt + 0.6, kind)
+
+    if args.tp > 1:
+        members = cluster.ray_members(t0)
+        here = [m for m in members if m.node == node.name]
+        if not here:
+            msg = (f"ValueError: World size ({args.tp}) is larger than the number of available GPUs (1) in this "
+                   "node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend "
+                   "ray'.\n- multiprocessing, set up '--nnodes' and '--node-rank' on every node.")
+            return engine_failed(t, [(f"{PY}/vllm/config/parallel.py", 612, "__post_init__",
+                                      "raise ValueError(")], msg, "ray")
+        assert cluster.ray is not None
+        stampfull = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(cluster.clock.epoch(t0 + t)))
+        ms = int(_hash01(t0, "ms") * 1000)
+        sc.raw(t, f"{core}{stampfull},{ms:03d}\tINFO worker.py:1832 -- Connecting to existing Ray cluster at "
+               f"address: {cluster.ray.address}...")
+        sc.raw(t + 0.4, f"{core}{stampfull},{(ms + 412) % 1000:03d}\tINFO worker.py:2003 -- Connected to Ray "
+               f"cluster. View the dashboard at 127.0.0.1:8265 ")
+        sc.log(t + 0.6, core, "INFO", "ray_utils.py:345", "No current placement group found. Creating a new "
+               "placement group.")
+        free_gpus = sum(m.gpus for m in members) - cluster.ray_gpus_used(t0)
+        if free_gpus < args.tp:
+            specs = [{"GPU": 1.0, f"node:{ip_head}": 0.001}] + [{"GPU": 1.0}] * (args.tp - 1)
+            waited = 10
+            while waited < 1800:
+                sc.log(t + 0.6 + waited, core, "INFO", "ray_utils.py:234",
+                       f"Waiting for creating a placement group of specs for {waited} seconds. specs={specs}. "
+                       "Check `ray status` and `ray list nodes` to see if you have enough resources, and make "
+                       "sure the IP addresses used by ray cluster are the same as VLLM_HOST_IP environment "
+                       "variable specified in each node if you are running on a multi-node.")
+                waited = waited * 2 + 10
+            msg = (f"ValueError: Cannot provide a placement group requiring {args.tp} GPUs (placement_group_specs="
+                   f"{specs}) within 1800 seconds. See `ray status` and `ray list nodes` to make sure the cluster "
+                   "has enough resources.")
+            return engine_failed(t + 1800.6, [(f"{PY}/vllm/v1/executor/ray_utils.py", 248,
+                                               "_wait_until_pg_ready", "raise ValueError(")], msg, "ray")
+        sc.log(t + 0.7, core, "WARNING", "ray_utils.py:378",
+               f"tensor_parallel_size={args.tp} is bigger than a reserved number of GPUs (1 GPUs) in a node "
+               f"{here[0].node_id}. Tensor parallel workers can be spread out to 2+ nodes which can degrade the "
+               "performance unless you have fast interconnect across nodes, like Infiniband. To resolve this "
+               f"issue, make sure you have more than {args.tp} GPUs available at each node.")
+        others = [m for m in members if m.node != node.name][: args.tp - 1]
+        span_nodes = []
+        for m in [here[0], *others]:
+            n = cluster.node(m.node)
+            span_nodes.append((n, stable_int(200, 3000, n.name, t0, "raywrk")))
+        run.nodes = tuple(n.name for n, _ in span_nodes)
+        t += 3.0
+        for rank, (n, pid) in enumerate(span_nodes):
+            pfx = core + (f"(RayWorkerWrapper pid={pid}) " if n is node
+                          else f"(RayWorkerWrapper pid={pid}, ip={n.fast_ip}) ")
+            sc.log(t, pfx, "INFO", "parallel_state.py:1245",
+                   f"world_size={args.tp} rank={rank} local_rank=0 distributed_init_method=tcp://{ip_head}:"
+                   f"{stable_int(30000, 60000, t0)} backend=nccl")
+        for n, pid in span_nodes:
+            pfx = core + (f"(RayWorkerWrapper pid={pid}) " if n is node
+                          else f"(RayWorkerWrapper pid={pid}, ip={n.fast_ip}) ")
+            sc.log(t + 1.2, pfx, "INFO", "custom_all_reduce.py:154",
+                   "CustomAllreduce is disabled because this process group spans across nodes.")
+        t += 1.5
+        if not all(n.port1_up for n, _ in span_nodes):
+            # NCCL bootstrap over a link that is down: the rendezvous never completes
+            pfx = core + f"(RayWorkerWrapper pid={span_nodes[1][1]}, ip={span_nodes[1][0].fast_ip}) "
+            msg = ("torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while "
+                   f"trying to connect to ({ip_head}, {stable_int(30000, 60000, t0)}).")
+            return engine_failed(t + 600.0, [(f"{PY}/vllm/distributed/parallel_state.py", 1231,
+                                              "init_distributed_environment",
+                                              "torch.distributed.init_process_group(")], msg, "nccl", pfx)
+        sc.log(t, core + f"(RayWorkerWrapper pid={span_nodes[0][1]}) ", "INFO", "pynccl.py:111",
+               "vLLM is using nccl==2.27.5")
+    else:
+        sc.log(t, core, "INFO", "parallel_state.py:1245",
+               f"world_size=1 rank=0 local_rank=0 distributed_init_method=tcp://{node.lan_ip}:"
+               f"{stable_int(30000, 60000, t0)} backend=nccl")
+    for rank, (n, pid) in enumerate(span_nodes):
+        pfx = _prefix(core, n, node, pid, args.tp)
+        sc.log(t + 0.2, pfx, "INFO", "parallel_state.py:1466",
+               f"rank {rank} in world size {args.tp} is assigned as DP rank 0, PP rank 0, PCP rank 0, "
+               f"TP rank {rank}, EP rank {rank}")
+
+    # ---- start-up free-memory check (vLLM compares with what CUDA calls free: MemFree)
+    t += 0.6
+    requested = args.gmu * CUDA_TOTAL_GIB
+    for n, pid in span_nodes:
+        snap = cluster.memory(n.name, t0 + t)
+        free_gib = snap.free / GIB
+        if free_gib < requested:
+            pfx = _prefix(core, n, node, pid, args.tp)
+            msg = (f"ValueError: Free memory on device cuda:0 ({free_gib:.2f}/{CUDA_TOTAL_GIB} GiB) on startup "
+                   f"is less than desired GPU memory utilization ({args.gmu}, {requested:.2f} GiB). Decrease GPU "
+                   "memory utilization or reduce GPU memory used by other processes.")
+            return engine_failed(t, [(f"{PY}/vllm/v1/worker/gpu_worker.py", 247, "init_device",
+                                      "self.requested_memory = request_memory(init_snapshot, self.cache_config)"),
+                                     (f"{PY}/vllm/v1/worker/utils.py", 318, "request_memory",
+                                      "raise ValueError(")], msg, "oom_startup", pfx)
+
+    # ---- weights
+    t_load = t + 0.3
+    lead = _prefix(core, span_nodes[0][0], node, span_nodes[0][1], args.tp)
+    sc.log(t_load, lead, "INFO", "gpu_model_runner.py:3764", f"Starting to load model {args.model}...")
+    if "FP8" in args.model:
+        sc.log(t_load + 0.4, lead, "INFO", "fp8.py:190", "DeepGEMM is disabled because the platform does not "
+               "support it.")
+        sc.log(t_load + 0.4, lead, "INFO", "fp8.py:209", "Using Triton backend for FP8 MoE")
+    sc.log(t_load + 1.1, lead, "INFO", "cuda.py:381", "Using FLASHINFER attention backend out of potential "
+           "backends: ('FLASHINFER', 'FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION')")
+    shards = spec.shards if spec else 4
+    w_node = (spec.weights_gib_tp1 if spec else 8.0) / args.tp
+    from sparkconsole.sim.model import WEIGHT_READ_S_PER_SHARD
+
+    per = [WEIGHT_READ_S_PER_SHARD * (0.9 + 0.2 * _hash01(args.model, t0, k)) for k in range(shards)]
+    if spec is not None and spec.disk_bytes < 30 * 10**9:
+        per = [p * 0.8 for p in per]
+    t_bar = t_load + 1.6
+    t_read = sum(per)
+    # free memory (what MemAvailable shows, without this engine) when loading starts, per node
+    free_at_load = {n.name: cluster.memory(n.name, t0 + t_bar).available for n, _ in span_nodes}
+    run.free_at_load = free_at_load
+    w_bytes = w_node * GIB
+    oom_node = None
+    oom_frac = 1.0
+    for n, _pid in span_nodes:
+        f = free_at_load[n.name]
+        if w_bytes > f and f / w_bytes < oom_frac:
+            oom_node, oom_frac = n, max(0.0, f / w_bytes)
+    desc = "Loading safetensors checkpoint shards"
+    if args.load_format == "fastsafetensors":
+        desc = "Loading safetensors using Fastsafetensor loader"
+    sc.raw(t_bar, shard_bar(desc, 0, shards, 0.0))
+    t_stop = t_bar + t_read * oom_frac  # when the loaded weights reach what was free
+    elapsed = 0.0
+    for k in range(shards):
+        elapsed += per[k]
+        if t_bar + elapsed > t_stop:
+            break
+        sc.raw(t_bar + elapsed, shard_bar(desc, k + 1, shards, elapsed))
+    for n, pid in span_nodes:
+        pts = [(t0 + t_bar, 0.0)]
+        if oom_node is not None:
+            pts.append((t0 + t_stop, w_bytes * oom_frac))
+        else:
+            pts.append((t0 + t_bar + t_read, w_bytes))
+        holder = Holder(n.name, pid, "VLLM::EngineCore" if args.tp == 1 else "ray::RayWorkerWrapper",
+                        Curve(pts), container=container if n is node else _ray_container(cluster, n.name))
+        run.holders.append(holder)
+        cluster.cache_ramps.append(_ramp(n.name, t0 + t_bar, t0 + t_bar + t_read * oom_frac,
+                                         (spec.disk_bytes if spec else 8 * 10**9) * oom_frac))
+    if oom_node is not None:
+        pid = dict((nn.name, p) for nn, p in span_nodes)[oom_node.name]
+        pfx = _prefix(core, oom_node, node, pid, args.tp)
+        free_left = max(1.0, free_at_load[oom_node.name] - w_bytes * oom_frac + 180 * MIB)
+        in_use = w_bytes * oom_frac + 0.62 * GIB
+        alloc = w_bytes / shards
+        msg = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {alloc / GIB:.2f} GiB. GPU 0 has a "
+               f"total capacity of {MEM_TOTAL / GIB:.2f} GiB of which {free_left / MIB:.2f} MiB is free. "
+               f"Including non-PyTorch memory, this process has {in_use / GIB:.2f} GiB memory in use. Of the "
+               f"allocated memory {w_bytes * oom_frac / GIB:.2f} GiB is allocated by PyTorch, and 39.50 MiB is "
+               "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
+               "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+        frames = [(f"{PY}/vllm/v1/worker/gpu_model_runner.py", 3771, "load_model",
+                   "self.model = model_loader.load_model("),
+                  (f"{PY}/vllm/model_executor/model_loader/base_loader.py", 56, "load_model",
+                   "self.load_weights(model, model_config)"),
+                  (f"{PY}/vllm/model_executor/layers/fused_moe/layer.py", 1402, "weight_loader",
+                   "expert_data.copy_(loaded_weight)")]
+        for h in run.holders:
+            h.curve.end = t0 + t_stop + 1.0
+        return engine_failed(t_stop + 0.2, frames, msg, "oom", pfx)
+    sc.raw(t_bar + t_read + 0.01, shard_bar(desc, shards, shards, t_read + 0.02))
+    sc.raw(t_bar + t_read + 0.02, lead.rstrip() + " ")
+    t = t_bar + t_read + 0.3
+    sc.log(t, lead, "INFO", "default_loader.py:291", f"Loading weights took {t_read + 0.31:.2f} seconds")
+    took = t - t_load + 11.5
+    t += 11.5
+    sc.log(t, lead, "INFO", "gpu_model_runner.py:3846",
+           f"Model loading took {gib(w_node)} GiB memory and {took:.6f} seconds")
+
+    # ---- compile + profile
+    if not args.enforce_eager:
+        h = stable_hex(10, args.model, "compile")
+        sc.log(t + 1.0, lead, "INFO", "backends.py:643", f"Using cache directory: /root/.cache/vllm/torch_compile_"
+               f"cache/{h}/rank_0_0/backbone for vLLM's torch.compile")
+        dyn = 9.84 if spec and spec.disk_bytes > 50e9 else 2.11
+        comp = 61.23 if spec and spec.disk_bytes > 50e9 else 18.4
+        sc.log(t + 1.0 + dyn, lead, "INFO", "backends.py:703", f"Dynamo bytecode transform time: {dyn:.2f} s")
+        sc.log(t + 1.0 + dyn + comp, lead, "INFO", "backends.py:278",
+               f"Compiling a graph for compile range (1, {nbt}) takes {comp:.2f} s")
+        sc.log(t + 1.0 + dyn + comp, lead, "INFO", "monitor.py:34", f"torch.compile takes {dyn + comp:.2f} s in total")
+        t += 2.0 + dyn + comp
+    overhead = spec.overhead_gib if spec else 2.0
+    kv = args.gmu * CUDA_TOTAL_GIB - w_node - overhead
+    t += 1.5
+    if kv <= 0:
+        msg = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+               "when initializing the engine.")
+        return engine_failed(t, [(f"{PY}/vllm/v1/engine/core.py", 214, "_initialize_kv_caches",
+                                  "kv_cache_configs = get_kv_cache_configs(")], msg, "oom", lead)
+    tokens_per_gib = (spec.kv_tokens_per_gib if spec else 8000.0) * args.tp
+    if args.kv_cache_dtype == "fp8":
+        tokens_per_gib *= 2
+    tokens = int(kv * tokens_per_gib) // 16 * 16
+    sc.log(t, lead, "INFO", "gpu_worker.py:436", f"Available KV cache memory: {gib(kv)} GiB")
+    if tokens < mml:
+        need = mml / tokens_per_gib
+        est = tokens // 16 * 16
+        msg = (f"ValueError: To serve at least one request with the models's max seq len ({mml}), ({gib(need)} GiB "
+               f"KV cache is needed, which is larger than the available KV cache memory ({gib(kv)} GiB). Based on "
+               f"the available memory, the estimated maximum model length is {est}. Try increasing "
+               "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+        return engine_failed(t, [(f"{PY}/vllm/v1/core/kv_cache_utils.py", 686, "check_enough_kv_cache_memory",
+                                  "raise ValueError(")], msg, "oom", lead)
+    sc.log(t, lead, "INFO", "kv_cache_utils.py:1319", f"GPU KV cache size: {tokens:,} tokens")
+    sc.log(t, lead, "INFO", "kv_cache_utils.py:1324",
+           f"Maximum concurrency for {mml:,} tokens per request: {tokens / mml:.2f}x")
+    graphs = 0.0 if args.enforce_eager else 1.0
+    final = (w_node + kv + graphs + 0.87) * GIB
+    for hd in run.holders:
+        hd.curve.points.append((t0 + t, final - graphs * GIB))
+    if not args.enforce_eager:
+        sc.raw(t + 4.6, tqdm_bar("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", 51, 51, 4.6))
+        sc.raw(t + 22.9, tqdm_bar("Capturing CUDA graphs (decode, FULL)", 35, 35, 18.3))
+        sc.log(t + 23.3, lead, "INFO", "gpu_model_runner.py:4587", "Graph capturing finished in 24 secs, took "
+               "1.00 GiB")
+        for hd in run.holders:
+            hd.curve.points.append((t0 + t + 23.3, final))
+        t += 23.3
+    sc.log(t + 0.2, core, "INFO", "core.py:259",
+           f"init engine (profile, create kv cache, warmup model) took {t - t_load + 0.2:.2f} seconds")
+    t += 1.1
+    task = spec.task if spec else "generate"
+    sc.log(t, api, "INFO", "api_server.py:1044", f"Supported tasks: ['{task}']")
+    if task == "generate":
+        sc.log(t, api, "WARNING", "model.py:1488", "Default sampling parameters have been overridden by the "
+               "model's Hugging Face generation config recommended from the model creator. If this is not "
+               "intended, please relaunch vLLM instance with `--generation-config vllm`.")
+        sc.log(t + 0.3, api, "INFO", "serving_chat.py:137", "Using default chat sampling params from model: "
+               "{'temperature': 0.6, 'top_k': 20, 'top_p': 0.95}")
+    t += 0.9
+    sc.log(t, api, "INFO", "api_server.py:1428", f"Starting vLLM API server 0 on http://{args.host}:{args.port}")
+    sc.log(t, api, "INFO", "launcher.py:38", "Available routes are:")
+    routes = [("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/health", "GET"), ("/load", "GET"),
+              ("/v1/models", "GET"), ("/version", "GET"), ("/v1/chat/completions", "POST"),
+              ("/v1/completions", "POST"), ("/v1/embeddings", "POST"), ("/pooling", "POST"),
+              ("/score", "POST"), ("/v1/score", "POST"), ("/rerank", "POST"), ("/v1/rerank", "POST"),
+              ("/metrics", "GET")]
+    for r, m in routes:
+        sc.log(t, api, "INFO", "launcher.py:46", f"Route: {r}, Methods: {m}")
+    sc.raw(t + 0.1, f"{api}INFO:     Started server process [{pid_api}]")
+    sc.raw(t + 0.1, f"{api}INFO:     Waiting for application startup.")
+    sc.raw(t + 0.2, f"{api}INFO:     Application startup complete.")
+    run.ready_at = t0 + t + 0.2
+    run.periodic = activity > 0
+    return run
+
+
+def _prefix(core: str, n: SimNode, driver: SimNode, pid: int, tp: int) -> str:
+    if tp == 1:
+        return core
+    if n is driver:
+        return core + f"(RayWorkerWrapper pid={pid}) "
+    return core + f"(RayWorkerWrapper pid={pid}, ip={n.fast_ip}) "
+
+
+def _ray_container(cluster: SimCluster, node: str) -> str | None:
+    if cluster.ray is None:
+        return None
+    m = cluster.ray.members.get(node)
+    return m.container if m else None
+
+
+def _ramp(node: str, t0: float, t1: float, nbytes: float):
+    from sparkconsole.sim.model import CacheRamp
+
+    return CacheRamp(node, t0, max(t1, t0 + 1e-3), nbytes)
+
+
+# ---- traffic (periodic lines once ready) -------------------------------------------------------
+
+
+def traffic_lines(run: EngineRun, k: int, slot_t: float) -> list[LogLine]:
+    """One active 10-second slot: an access-log line and the engine's stats line."""
+    from sparkconsole.sim.model import _hash01 as h
+
+    api = f"(APIServer pid={run.pid_api}) "
+    port = 30000 + int(h(run.model, k, "port") * 30000)
+    spec = MODELS.get(run.model)
+    task = spec.task if spec else "generate"
+    path = {"generate": "/v1/chat/completions", "embed": "/v1/embeddings", "score": "/v1/rerank"}[task]
+    out = [LogLine(slot_t - 3.0 + 2.0 * h(run.model, k, "a"),
+                   f'{api}INFO:     127.0.0.1:{port} - "POST {path} HTTP/1.1" 200 OK')]
+    prompt = 200 + 900 * h(run.model, k, "p")
+    gen = (25 + 30 * h(run.model, k, "g")) if task == "generate" else 0.0
+    kvu = 0.4 + 3.0 * h(run.model, k, "kv")
+    hit = 20 + 60 * h(run.model, k, "hit")
+    ts = time.strftime("%m-%d %H:%M:%S", time.gmtime(run.epoch0 + slot_t))
+    out.append(LogLine(slot_t, f"{api}INFO {ts} [loggers.py:257] Engine 000: Avg prompt throughput: {prompt:.1f} "
+                               f"tokens/s, Avg generation throughput: {gen:.1f} tokens/s, Running: 1 reqs, "
+                               f"Waiting: 0 reqs, GPU KV cache usage: {kvu:.1f}%, Prefix cache hit rate: {hit:.1f}%"))
+    return out
+
+
+def access_line(run: EngineRun, path: str, method: str = "GET", status: str = "200 OK") -> str:
+    return f'(APIServer pid={run.pid_api}) INFO:     127.0.0.1:{stable_int(30000, 60000, path, run.started)} - ' \
+           f'"{method} {path} HTTP/1.1" {status}'
+
+
+# ---- the OpenAI-compatible API ----------------------------------------------------------------
+
+
+def models_json(run: EngineRun, created: int) -> str:
+    mid = f"modelperm-{stable_hex(16, run.model, created)}"
+    return json.dumps({"object": "list", "data": [{
+        "id": run.served_name, "object": "model", "created": created, "owned_by": "vllm", "root": run.model,
+        "parent": None, "max_model_len": run.max_model_len,
+        "permission": [{"id": mid, "object": "model_permission", "created": created, "allow_create_engine": False,
+                        "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
+                        "allow_view": True, "allow_fine_tuning": False, "organization": "*", "group": None,
+                        "is_blocking": False}]}]}, separators=(",", ":"))
+
+
+def chat_json(run: EngineRun, body: str, created: int) -> tuple[str, bool]:
+    """The answer to ``POST /v1/chat/completions``; (json, ok)."""
+    import re
+
+    try:
+        req = json.loads(body or "{}")
+    except json.JSONDecodeError as exc:
+        return json.dumps({"error": {"message": f"Expecting value: line 1 column {exc.colno} (char {exc.pos})",
+                                     "type": "BadRequestError", "param": None, "code": 400}}), False
+    model = req.get("model", run.served_name)
+    if model != run.served_name:
+        return json.dumps({"error": {"message": f"The model `{model}` does not exist.", "type": "NotFoundError",
+                                     "param": "model", "code": 404}}), False
+    msgs = req.get("messages") or []
+    prompt = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+    m = re.search(r"(\d+)\s*[*x×]\s*(\d+)", prompt)
+    if m:
+        a, b = int(m.group(1)), int(m.group(2))
+        reasoning = (f"The user asks for {a} × {b}. {a} × {b} = {a} × {b // 10 * 10} + {a} × {b % 10} = "
+                     f"{a * (b // 10 * 10)} + {a * (b % 10)} = {a * b}.")
+        answer = f"{a} × {b} = **{a * b}**"
+    else:
+        reasoning = "The user wants a short reply. I'll answer briefly and plainly."
+        answer = "Hello! I'm running on two DGX Sparks. How can I help?"
+    if run.reasoning_parser:
+        content, rc = "\n\n" + answer, reasoning
+    else:
+        content, rc = reasoning + "\n</think>\n\n" + answer, None
+    ptoks = 12 + len(prompt.split()) * 2
+    ctoks = len((reasoning + answer).split()) * 2
+    msg: dict[str, object] = {"role": "assistant", "content": content, "refusal": None, "annotations": None,
+                              "audio": None, "function_call": None, "tool_calls": [], "reasoning_content": rc}
+    return json.dumps({
+        "id": f"chatcmpl-{stable_hex(32, prompt, created)}", "object": "chat.completion", "created": created,
+        "model": model, "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": "stop",
+                                     "stop_reason": None}],
+        "service_tier": None, "system_fingerprint": None,
+        "usage": {"prompt_tokens": ptoks, "total_tokens": ptoks + ctoks, "completion_tokens": ctoks,
+                  "prompt_tokens_details": None},
+        "prompt_logprobs": None, "kv_transfer_params": None}, separators=(",", ":")), True
