@@ -1,16 +1,127 @@
-"""`sparkconsole demo` (placeholder until its module lands)."""
+"""``sparkconsole demo``: the console on a simulated two-Spark cluster behind real SSH servers.
+
+``sparkconsole demo [--nodes N] [--scenario S] [--speed X] [--serve] [--read-only]``
+
+* without ``--serve``: opens the console on the simulated cluster (the UI starts the cluster in
+  its own event loop); if the UI cannot be imported, a plain live view prints one line per node
+  every second until Ctrl-C;
+* ``--serve``: keeps only the cluster running and prints how to reach each node with plain
+  OpenSSH (``ssh -i KEY -p PORT -o UserKnownHostsFile=FILE root@127.0.0.1``), until Ctrl-C.
+
+Scenarios: see :mod:`sparkconsole.sim.scenarios`; the supported deploy commands: see
+:mod:`sparkconsole.sim.shell`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import dataclasses
+import sys
 
 from sparkconsole.errors import UserError
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
-    p = subs.add_parser("demo", help="(not yet available)")
+    from sparkconsole.sim.scenarios import SCENARIOS
+
+    p = subs.add_parser(
+        "demo", help="open the console on a simulated DGX Spark cluster (no hardware needed)",
+        description="Start a simulated cluster of DGX Sparks behind real SSH servers on 127.0.0.1 and open "
+        "the console on it. With --serve, keep only the cluster running and print how to reach it with ssh.",
+    )
+    p.add_argument("--nodes", type=int, default=2, metavar="N", help="number of Sparks (default 2)")
+    p.add_argument("--scenario", choices=SCENARIOS, default="story",
+                   help="starting state: " + ", ".join(SCENARIOS) + " (default story)")
+    p.add_argument("--speed", type=float, default=1.0, metavar="X",
+                   help="simulated seconds per real second (default 1)")
+    p.add_argument("--serve", action="store_true", help="only run the cluster and print ssh commands")
+    p.add_argument("--read-only", action="store_true", help="the console refuses every change")
     p.set_defaults(func=run)
 
 
+def _check(args: argparse.Namespace) -> None:
+    if not 1 <= args.nodes <= 16:
+        raise UserError("--nodes must be between 1 and 16", exit_code=2)
+    if not 0 < args.speed <= 1000:
+        raise UserError("--speed must be > 0 and at most 1000", exit_code=2)
+
+
 def run(args: argparse.Namespace) -> int:
-    raise UserError("'demo' is not available yet")
+    _check(args)
+    if args.serve:
+        try:
+            asyncio.run(_serve(args))
+        except KeyboardInterrupt:
+            pass
+        return 0
+    try:
+        from sparkconsole.ui.app import DemoOptions, run_console
+    except ImportError:
+        try:
+            asyncio.run(_live_view(args))
+        except KeyboardInterrupt:
+            pass
+        return 0
+    opts = DemoOptions(nodes=args.nodes, scenario=args.scenario, speed=args.speed)
+    if args.read_only and any(f.name == "read_only" for f in dataclasses.fields(opts)):
+        opts = dataclasses.replace(opts, read_only=True)  # type: ignore[call-arg]
+    return run_console(demo=opts)
+
+
+async def _serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> None:
+    from sparkconsole.sim import start_demo_cluster
+
+    async with start_demo_cluster(nodes=args.nodes, scenario=args.scenario, speed=args.speed,
+                                  read_only=args.read_only) as demo:
+        print(f"Simulated cluster '{args.scenario}' with {args.nodes} Spark(s), speed x{args.speed:g}. "
+              "Reach each node with OpenSSH:")
+        for line in demo.ssh_commands():
+            print("  " + line)
+        print(f"Files: {demo.workdir}  (client key, known_hosts)")
+        print("Try: ... root@127.0.0.1 nvidia-smi | ibdev2netdev | docker ps | free -h. Ctrl-C stops the cluster.")
+        sys.stdout.flush()
+        if ready is not None:
+            ready.set()
+        await asyncio.get_running_loop().create_future()
+
+
+def _fmt_line(name: str, sample, status: str) -> str:
+    gib = 2**30
+    if sample is None:
+        return f"{name:<12} {status:<8} —"
+    mem = sample.memory
+    used = f"{mem.used_bytes / gib:5.1f}" if mem.used_bytes is not None else "    —"
+    total = f"{mem.total_bytes / gib:.1f}" if mem.total_bytes is not None else "—"
+    g = sample.gpus[0] if sample.gpus else None
+    util = f"{g.utilization_pct:3.0f}%" if g and g.utilization_pct is not None else "   —"
+    temp = f"{g.temperature_c:3.0f}C" if g and g.temperature_c is not None else "   —"
+    up = sum(1 for link in sample.links if link.state == "up")
+    return (f"{name:<12} {status:<8} mem {used}/{total} GiB  gpu {util}  {temp}  "
+            f"links up {up}/{len(sample.links)}")
+
+
+async def _live_view(args: argparse.Namespace) -> None:
+    """The plain text view: one line per node per second (used when the UI is not available)."""
+    from sparkconsole.sim import start_demo_cluster
+
+    async with start_demo_cluster(nodes=args.nodes, scenario=args.scenario, speed=args.speed,
+                                  read_only=args.read_only) as demo:
+        try:
+            from sparkconsole.probe.poller import ClusterPoller
+        except ImportError:  # pragma: no cover - the poller is part of the package
+            ClusterPoller = None
+        if ClusterPoller is None:
+            return
+        poller = ClusterPoller(demo.config, interval=1.0)
+        try:
+            while True:
+                states = await poller.poll_all()
+                for st in states:
+                    print(_fmt_line(st.name, st.sample, getattr(st.status, "value", str(st.status))))
+                print("", flush=True)
+                await asyncio.sleep(1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await poller.close()

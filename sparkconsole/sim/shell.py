@@ -776,12 +776,10 @@ class Shell:
         t = self.now()
         all_ = "-a" in args or "--all" in args
         fmt = _opt_val(args, "--format", None)
-        if fmt and "json" in fmt:
+        if fmt and fmt.strip() == "{{json .}}":
             io.out(F.docker_ps_json(self.cluster, self.node_name, t, all_))
-        elif fmt and "{{.Names}}" in fmt and "table" not in fmt:
-            for ct in reversed(self.cluster.containers_on(self.node_name)):
-                if all_ or ct.running(t):
-                    io.out(ct.name + "\n")
+        elif fmt:
+            io.out(_go_template(fmt, F.docker_ps_json(self.cluster, self.node_name, t, all_)))
         else:
             io.out(F.docker_ps_table(self.cluster, self.node_name, t, all_))
         return 0
@@ -1513,6 +1511,26 @@ def _bre(p: str) -> str:
         out.append("\\" + ch if ch in "|(){}+?" else ch)
         i += 1
     return "".join(out)
+
+
+def _go_template(fmt: str, json_lines: str) -> str:
+    """``docker ps --format`` with ``{{.Field}}`` placeholders (and a ``table`` header)."""
+    import json
+
+    table = fmt.startswith("table")
+    body = fmt[5:].lstrip() if table else fmt
+    body = body.replace("\\t", "\t").replace("\\n", "\n")
+    fields = re.findall(r"{{\s*\.(\w+)\s*}}", body)
+    rows = [json.loads(ln) for ln in json_lines.splitlines() if ln.strip()]
+    out = []
+    if table:
+        heads = {"ID": "CONTAINER ID", "Names": "NAMES", "Image": "IMAGE", "Status": "STATUS", "State": "STATE",
+                 "Ports": "PORTS", "Command": "COMMAND", "RunningFor": "CREATED", "CreatedAt": "CREATED AT"}
+        out.append(re.sub(r"{{\s*\.(\w+)\s*}}", lambda m: heads.get(m.group(1), m.group(1).upper()), body))
+    for r in rows:
+        out.append(re.sub(r"{{\s*\.(\w+)\s*}}", lambda m, r=r: str(r.get(m.group(1), "")), body))
+    del fields
+    return "".join(line + "\n" for line in out)
 
 
 def _count_arg(argv: list[str], default: int) -> int:
