@@ -25,12 +25,18 @@ from textual.timer import Timer
 from textual.worker import Worker, WorkerState
 
 from sparkconsole.config import ClusterConfig, NodeConfig, state_dir
+from sparkconsole.errors import UserError
+from sparkconsole.journal import Journal
+from sparkconsole.logs.follow import LogFollower, docker_follow, journal_follow
 from sparkconsole.probe.alerts import Alert, cluster_alerts
 from sparkconsole.probe.poller import ClusterPoller
 from sparkconsole.probe.state import NodeState, NodeStatus
+from sparkconsole.services import Debouncer, Service, ServiceController
 from sparkconsole.transport.base import Transport
 from sparkconsole.ui.keymap import APP_BINDINGS
+from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.help import HelpScreen
+from sparkconsole.ui.screens.logs import LogScreen
 from sparkconsole.ui.screens.node_detail import NodeDetailScreen
 from sparkconsole.ui.screens.overview import OverviewScreen
 
@@ -47,6 +53,10 @@ class DemoOptions:
     sim_clock: Any = None  # a sparkconsole.sim clock for tests (manual time)
 
 
+def _docker_verb(action: str) -> str:
+    return "rm" if action == "remove" else action
+
+
 class NodeCommands(Provider):
     """Palette entries: jump to a node, the overview, pause, refresh."""
 
@@ -60,6 +70,17 @@ class NodeCommands(Provider):
         ]
         for i, node in enumerate(app.config.nodes, start=1):
             entries.append((f"Go to node {node.name}", partial(app.open_node, i), f"{node.role} · key {i}"))
+            sample = app.node_state(node.name).sample
+            for c in sample.containers if sample else ():
+                if not c.name:
+                    continue
+                svc = Service(name=c.name, kind="container", state=c.state, image=c.image)
+                entries.append((f"Tail log of {c.name} on {node.name}", partial(app.open_logs, node.name, svc),
+                                f"docker logs -f {c.name}"))
+                for action in svc.actions:
+                    entries.append((f"{action.capitalize()} {c.name} on {node.name}",
+                                    partial(app.run_service_action, node.name, svc, action),
+                                    f"docker {_docker_verb(action)} {c.name} (asks first)"))
         for name, callback, help_text in entries:
             score = matcher.match(name)
             if score > 0:
@@ -83,6 +104,7 @@ class SparkConsoleApp(App[int]):
         clock: Callable[[], float] = time.time,
         transport_factory: Callable[[NodeConfig], Transport] | None = None,
         remember_theme: bool = True,
+        journal: Journal | None = None,
     ) -> None:
         super().__init__()
         if config is None and demo is None:
@@ -99,6 +121,9 @@ class SparkConsoleApp(App[int]):
         self._stack = contextlib.AsyncExitStack()
         self.demo_cluster: Any = None
         self.startup_error: str | None = None
+        self.journal = journal or Journal()
+        self.debouncer = Debouncer()
+        self._controllers: dict[str, ServiceController] = {}
 
     # ---- life cycle ---------------------------------------------------------------------------
 
@@ -135,7 +160,8 @@ class SparkConsoleApp(App[int]):
     def _subtitle(self) -> str:
         mode = " · READ-ONLY" if self.config.read_only else ""
         demo = f" · demo: {self.demo.scenario}" if self.demo else ""
-        return f"{self.config.name} · {len(self.config.nodes)} node{"s" if len(self.config.nodes) != 1 else ""}{demo}{mode}"
+        count = len(self.config.nodes)
+        return f"{self.config.name} · {count} node{'' if count == 1 else 's'}{demo}{mode}"
 
     # ---- polling --------------------------------------------------------------------------------
 
@@ -262,6 +288,51 @@ class SparkConsoleApp(App[int]):
         while isinstance(self.screen, NodeDetailScreen | HelpScreen):
             self.pop_screen()
         self.push_screen(NodeDetailScreen(name))
+
+    # ---- services and logs -------------------------------------------------------------------
+
+    def controller(self, node: str) -> ServiceController:
+        """The node's service controller, on the node's one transport (shared with the probe)."""
+        if node not in self._controllers:
+            assert self.poller is not None
+            self._controllers[node] = ServiceController(
+                node, self.poller.pollers[node].transport, read_only=self.config.read_only, journal=self.journal
+            )
+        return self._controllers[node]
+
+    def run_service_action(self, node: str, service: Service, action: str) -> None:
+        """Plan, show, confirm, run and journal one action (debounced; refused read-only)."""
+        if not self.debouncer.allow(f"{action}:{node}:{service.name}"):
+            return
+        self._service_action(node, service, action)
+
+    @work(exit_on_error=False, group="service-action", description="service action")
+    async def _service_action(self, node: str, service: Service, action: str) -> None:
+        controller = self.controller(node)
+        try:
+            cmd = controller.plan(action, service)
+        except UserError as exc:
+            self.notify(exc.message, severity="warning")
+            return
+        refusal = controller.refusal(cmd)
+        if refusal:
+            self.notify(refusal, title="read-only", severity="warning")
+            return
+        if not await self.push_screen_wait(ConfirmScreen(node, service.name, cmd, action=action)):
+            self.notify(f"{action} {service.name}: cancelled", timeout=2)
+            return
+        result = await controller.execute(cmd)
+        self.notify(result.message, severity=result.severity, title=node)
+        self.action_refresh_now()
+        screen = self.screen
+        if hasattr(screen, "after_action"):
+            screen.after_action()
+
+    def open_logs(self, node: str, service: Service) -> None:
+        assert self.poller is not None
+        transport = self.poller.pollers[node].transport
+        command = docker_follow(service.name) if service.kind == "container" else journal_follow(service.name)
+        self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command, source=node)))
 
     def action_overview(self) -> None:
         while len(self.screen_stack) > 2:

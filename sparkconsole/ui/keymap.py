@@ -37,7 +37,17 @@ OVERVIEW_BINDINGS: list[Binding] = [
 DETAIL_BINDINGS: list[Binding] = [
     Binding("escape", "back", "Back", id="detail.back", tooltip="Back to the overview."),
     Binding("slash", "filter", "Filter", key_display="/", id="detail.filter",
-            tooltip="Filter the containers by name or image."),
+            tooltip="Filter the services by name or image."),
+    Binding("l,enter", "logs", "Logs", id="detail.logs",
+            tooltip="Follow the selected service's log (docker logs -f / journalctl -f)."),
+    Binding("s", "service('stop')", "Stop", id="detail.stop",
+            tooltip="Stop the selected service (asks first; refused read-only)."),
+    Binding("S", "service('start')", "Start", id="detail.start",
+            tooltip="Start the selected service (asks first; refused read-only)."),
+    Binding("R", "service('restart')", "Restart", id="detail.restart",
+            tooltip="Restart the selected service (asks first; refused read-only)."),
+    Binding("D", "service('remove')", "Remove", id="detail.remove", show=False,
+            tooltip="Remove the selected container once it has exited (asks first; refused read-only)."),
 ]
 
 HELP_BINDINGS: list[Binding] = [

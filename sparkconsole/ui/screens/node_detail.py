@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
@@ -10,6 +11,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState
+from sparkconsole.services import Service, services_from_containers
 from sparkconsole.ui.keymap import DETAIL_BINDINGS
 from sparkconsole.ui.render import DASH, fmt, gib
 from sparkconsole.ui.widgets.node_card import card_renderable
@@ -23,12 +25,14 @@ class NodeDetailScreen(Screen):
     """Everything about one node. ``/`` filters the containers; Esc goes back."""
 
     BINDINGS = DETAIL_BINDINGS
-    HELP = "One node in full. / filters containers, Esc returns to the overview."
+    HELP = ("One node in full. Pick a service in the table: l follows its log, s stops, S starts, "
+            "R restarts (each asks first). / filters, Esc returns to the overview.")
 
     def __init__(self, node: str) -> None:
         super().__init__(name=f"node:{node}")
         self.node = node
         self.filter_text = ""
+        self.units: list[Service] = []  # configured systemd units, read on open and after actions
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -38,8 +42,8 @@ class NodeDetailScreen(Screen):
                 yield Static(id="detail-info")
             yield Static("ConnectX-7 links", classes="section-title")
             yield DataTable(id="links-table", cursor_type="row", zebra_stripes=True)
-            yield Static("Containers", classes="section-title")
-            yield Input(placeholder="filter containers (name or image)…", id="container-filter")
+            yield Static("Services  (l logs · s stop · S start · R restart · D remove)", classes="section-title")
+            yield Input(placeholder="filter services (name or image)…", id="container-filter")
             yield DataTable(id="containers-table", cursor_type="row", zebra_stripes=True)
             yield Static("GPU processes", classes="section-title")
             yield DataTable(id="gpu-procs-table", cursor_type="row", zebra_stripes=True)
@@ -49,11 +53,20 @@ class NodeDetailScreen(Screen):
         self.title = f"sparkconsole — {self.node}"
         self.query_one("#links-table", DataTable).add_columns("RDMA device", "port", "netdev", "state", "rate",
                                                               "IPv4", "MTU", "carrier")
-        self.query_one("#containers-table", DataTable).add_columns("name", "image", "state", "status", "CPU",
-                                                                   "memory")
+        self.query_one("#containers-table", DataTable).add_columns("name", "kind", "image", "state", "status",
+                                                                   "CPU", "memory")
         self.query_one("#gpu-procs-table", DataTable).add_columns("pid", "process", "GPU memory")
         self.query_one("#container-filter", Input).display = False
         self.refresh_all()
+        self.query_one("#containers-table", DataTable).focus()
+        if self.app.config.services:  # type: ignore[attr-defined]
+            self.load_units()
+
+    @work(exclusive=True, group="detail-units", exit_on_error=False)
+    async def load_units(self) -> None:
+        controller = self.app.controller(self.node)  # type: ignore[attr-defined]
+        self.units = await controller.unit_states(self.app.config.services)  # type: ignore[attr-defined]
+        self._fill_containers(self.app.node_state(self.node).sample)  # type: ignore[attr-defined]
 
     def refresh_node(self, name: str) -> None:
         if name == self.node:
@@ -111,17 +124,60 @@ class NodeDetailScreen(Screen):
                           ", ".join(link.ipv4) or DASH, fmt(link.mtu),
                           DASH if link.carrier is None else ("yes" if link.carrier else "no"))
 
+    def services(self) -> list[Service]:
+        sample = self.app.node_state(self.node).sample  # type: ignore[attr-defined]
+        return [*services_from_containers(sample.containers if sample else ()), *self.units]
+
     def _fill_containers(self, sample: NodeSample | None) -> None:
         table = self.query_one("#containers-table", DataTable)
+        selected = self.selected_service()
         table.clear()
         needle = self.filter_text.lower()
-        for c in sample.containers if sample else ():
-            if needle and needle not in (c.name or "").lower() and needle not in (c.image or "").lower():
+        stats = {c.name: c for c in (sample.containers if sample else ())}
+        for svc in self.services():
+            if needle and needle not in svc.name.lower() and needle not in (svc.image or "").lower():
                 continue
-            style = {"running": "green", "restarting": "dark_orange", "exited": "dim"}.get(c.state or "", "")
-            table.add_row(c.name or DASH, c.image or DASH, Text(c.state or DASH, style=style), c.status or DASH,
-                          _cpu(c.cpu_pct), DASH if c.mem_used_bytes is None else f"{gib(c.mem_used_bytes)} GiB",
-                          key=c.name or c.id)
+            style = {"running": "green", "active": "green", "restarting": "dark_orange", "exited": "dim",
+                     "failed": "red"}.get(svc.state or "", "")
+            c = stats.get(svc.name) if svc.kind == "container" else None
+            table.add_row(svc.name, svc.kind, svc.image or DASH, Text(svc.state or DASH, style=style),
+                          svc.detail or svc.reason or DASH, _cpu(c.cpu_pct if c else None),
+                          DASH if c is None or c.mem_used_bytes is None else f"{gib(c.mem_used_bytes)} GiB",
+                          key=f"{svc.kind}:{svc.name}")
+        if selected is not None:
+            key = f"{selected.kind}:{selected.name}"
+            for row, row_key in enumerate(table.rows):
+                if row_key.value == key:
+                    table.move_cursor(row=row)
+                    break
+
+    def selected_service(self) -> Service | None:
+        table = self.query_one("#containers-table", DataTable)
+        if table.row_count == 0:
+            return None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:
+            return None
+        return next((s for s in self.services() if f"{s.kind}:{s.name}" == key), None)
+
+    def action_service(self, action: str) -> None:
+        svc = self.selected_service()
+        if svc is None:
+            self.notify("no service selected", severity="warning")
+            return
+        self.app.run_service_action(self.node, svc, action)  # type: ignore[attr-defined]
+
+    def action_logs(self) -> None:
+        svc = self.selected_service()
+        if svc is None:
+            self.notify("no service selected", severity="warning")
+            return
+        self.app.open_logs(self.node, svc)  # type: ignore[attr-defined]
+
+    def after_action(self) -> None:
+        if self.app.config.services:  # type: ignore[attr-defined]
+            self.load_units()
 
     def _fill_procs(self, sample: NodeSample | None) -> None:
         table = self.query_one("#gpu-procs-table", DataTable)
@@ -141,6 +197,10 @@ class NodeDetailScreen(Screen):
         box = self.query_one("#container-filter", Input)
         box.display = True
         box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "container-filter":
+            self.query_one("#containers-table", DataTable).focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "container-filter":
