@@ -226,7 +226,7 @@ def nvidia_smi(c: SimCluster, node: str, t: float) -> str:
         out.append("|  No running processes found                                                             |")
     for h, b in procs:
         mem = f"{b // MIB}MiB"
-        out.append(f"|    0   N/A  N/A  {h.pid:>14}      C   {h.name:<36}{mem:>9} |")
+        out.append(f"|    0   N/A  N/A  {h.pid:>14}      C   {h.name:<37}{mem:>9} |")
     out.append("+-----------------------------------------------------------------------------------------+")
     return "\n".join(out) + "\n"
 

@@ -1,0 +1,381 @@
+"""The simulated cluster's model and command emulator, on a manual clock (no SSH, no sleeping).
+
+The sim's output is read back with the same parsers the console uses, so the sim and real
+hardware are held to one contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from sparkconsole.logs.vllm import parse_vllm_log
+from sparkconsole.probe import parsers as P
+from sparkconsole.probe.script import SECTIONS
+from sparkconsole.sim import SCENARIOS, Shell, SimClock, build
+from sparkconsole.sim.model import GIB, MEM_TOTAL, MODELS, Curve, Holder
+
+HEAD, WORKER = "spark-1a32", "spark-5be3"
+QWEN = "Qwen/Qwen3.5-122B-A10B-FP8"
+QDIR = "/root/.cache/huggingface/hub/models--Qwen--Qwen3.5-122B-A10B-FP8"
+DROP = "sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'"
+
+
+def cluster(scenario: str = "story", nodes: int = 2):
+    return build(scenario, nodes=nodes, clock=SimClock.frozen())
+
+
+async def sh(c, node: str, cmd: str, step: float = 5.0, limit: float = 5000.0) -> tuple[str, str, int]:
+    """Run ``cmd``, advancing the manual clock in ``step``s until it finishes."""
+    task = asyncio.ensure_future(Shell(c, node).capture(cmd))
+    waited = 0.0
+    for _ in range(3):
+        await asyncio.sleep(0)
+    while not task.done():
+        c.clock.advance(step)
+        waited += step
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if waited > limit:
+            task.cancel()
+            raise AssertionError(f"{cmd!r} did not finish within {limit} sim seconds")
+    return task.result()
+
+
+def assert_memory_sane(c, t: float | None = None) -> None:
+    for name in c.nodes:
+        m = c.memory(name, t)
+        assert 0 <= m.free <= m.total == MEM_TOTAL
+        assert 0 <= m.available <= m.total
+        assert m.cached >= 0 and m.buffers >= 0
+        assert m.free + m.cached + m.buffers <= m.total
+
+
+# ---- formats through the real parsers ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+async def test_every_probe_section_answers_and_parses(scenario):
+    c = cluster(scenario)
+    for node in c.nodes:
+        for sec in SECTIONS:
+            _out, err, rc = await Shell(c, node).capture(sec.shell())
+            assert rc == 0 or (sec.name == "ray-status" and rc == 1), (node, sec.name, rc, err)
+        shell = Shell(c, node)
+        mem = P.parse_meminfo((await shell.capture("cat /proc/meminfo"))[0])
+        assert mem.mem_total_bytes == MEM_TOTAL
+        assert 119.6 < mem.mem_total_bytes / GIB < 119.8
+        table = P.parse_nvidia_smi_table((await shell.capture("nvidia-smi"))[0])
+        assert table.driver_version == "580.126.09" and table.cuda_version == "13.0"
+        assert table.gpus[0].name == "NVIDIA GB10"
+        assert table.gpus[0].memory_used_mib is None and table.gpus[0].power_limit_w is None
+        csv = P.parse_nvidia_smi_csv((await shell.capture(SECTIONS[5].shell()))[0])
+        gpus = P.gpus_from_query(csv)
+        assert gpus[0].memory_total_mib is None and gpus[0].temperature_c is not None
+        df = P.parse_df((await shell.capture("df -B1 -P /"))[0])
+        assert df.total_bytes and 3.6 < df.total_bytes / 1024**4 < 3.7
+
+
+async def test_nvidia_smi_table_has_the_gb10_shape(real):
+    c = cluster("healthy")
+    sim = (await Shell(c, HEAD).capture("nvidia-smi"))[0].splitlines()
+    fix = real("gb10/nvidia-smi_gb10_idle_desktop.txt").splitlines()
+    # every fixed line is identical, the GPU row has the same column layout
+    for i in (1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 13, 14, 15, 16, 17):
+        assert sim[i] == fix[i], i
+    assert len(sim[9]) == len(fix[9]) and "Not Supported" in sim[9] and "/  N/A" in sim[9]
+    # a compute process row is as wide as the fixture's process rows
+    story = cluster("story")
+    rows = [ln for ln in (await Shell(story, HEAD).capture("nvidia-smi"))[0].splitlines() if "VLLM::" in ln]
+    assert rows and all(len(r) == len(fix[18]) for r in rows)
+    parsed = P.parse_nvidia_smi_table("\n".join((await Shell(story, HEAD).capture("nvidia-smi"))[0].splitlines()))
+    assert {p.name for p in parsed.processes} == {"VLLM::EngineCore"}
+    assert all(p.memory_mib and p.memory_mib > 1000 for p in parsed.processes)
+
+
+async def test_query_formats_match_the_gb10_fixtures(real):
+    c = cluster()
+    out = (await Shell(c, HEAD).capture("nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory "
+                                        "--format=csv"))[0]
+    assert out.splitlines()[0] == real("gb10/nvidia-smi_query-compute-apps_vllm_gb10.txt").splitlines()[0]
+    assert re.match(r"^\d+, VLLM::EngineCore, \d+ MiB$", out.splitlines()[1])
+    procs = P.processes_from_query(P.parse_nvidia_smi_csv(out))
+    assert sum(p.memory_mib for p in procs) > 90_000  # GLM at gmu 0.70 + two small services
+    gpu = (await Shell(c, HEAD).capture("nvidia-smi --query-gpu=name,memory.total,memory.free,memory.used,"
+                                        "temperature.gpu,power.draw --format=csv"))[0]
+    assert gpu.splitlines()[0].startswith("name, memory.total [MiB], memory.free [MiB], memory.used [MiB]")
+    assert re.match(r"^NVIDIA GB10, \[N/A\], \[N/A\], \[N/A\], \d+, \d+\.\d\d W$", gpu.splitlines()[1])
+
+
+async def test_links_ports_and_addresses():
+    c = cluster()
+    shell = Shell(c, HEAD)
+    links = P.parse_ibdev2netdev((await shell.capture("ibdev2netdev"))[0])
+    up = {link.rdma_device: link.state for link in links}
+    assert up == {"rocep1s0f0": "down", "rocep1s0f1": "up", "roceP2p1s0f0": "down", "roceP2p1s0f1": "up"}
+    ports = P.parse_ib_ports((await shell.capture(SECTIONS[9].shell()))[0])
+    by = {p.rdma_device: p for p in ports}
+    assert by["rocep1s0f1"].state == "ACTIVE" and by["rocep1s0f1"].rate_gbps == 200
+    assert by["rocep1s0f0"].state == "DOWN"
+    ifs = {i.name: i for i in P.parse_ip_addr_json((await shell.capture("ip -j addr"))[0])}
+    assert ifs["enp1s0f1np1"].ipv4 == ("192.168.200.12/24",) and ifs["enp1s0f1np1"].carrier is True
+    assert ifs["enP2p1s0f1np1"].ipv4 == ("192.168.201.12/24",)
+    assert ifs["enp1s0f0np0"].carrier is False and ifs["enp1s0f0np0"].operstate == "DOWN"
+    assert {"lo", "enP7s7", "docker0"} <= set(ifs)
+    w = {i.name: i for i in P.parse_ip_addr_json((await Shell(c, WORKER).capture("ip -j addr"))[0])}
+    assert w["enp1s0f1np1"].ipv4 == ("192.168.200.13/24",)
+    text = P.parse_ip_addr((await shell.capture("ip addr show enp1s0f1np1"))[0])
+    assert text[0].ipv4 == ("192.168.200.12/24",)
+
+
+async def test_link_down_scenario_shows_down_everywhere():
+    c = cluster("link-down")
+    for node in c.nodes:
+        links = P.parse_ibdev2netdev((await Shell(c, node).capture("ibdev2netdev"))[0])
+        assert all(link.state == "down" for link in links)
+        ifs = {i.name: i for i in P.parse_ip_addr_json((await Shell(c, node).capture("ip -j addr"))[0])}
+        assert ifs["enp1s0f1np1"].carrier is False
+        assert "NO-CARRIER" in (await Shell(c, node).capture("ip -br link"))[0]
+    out, err, rc = await sh(c, HEAD, "ping -c 2 192.168.200.13")
+    assert rc == 1 and "100% packet loss" in out
+    out, err, rc = await sh(c, HEAD, "rsync -a --info=progress2 /root/.cache/huggingface/hub/models--Qwen--"
+                                     "Qwen3-Embedding-0.6B 192.168.200.13:/root/.cache/huggingface/hub/")
+    assert rc == 255 and "No route to host" in err
+
+
+async def test_docker_formats_parse():
+    c = cluster()
+    shell = Shell(c, HEAD)
+    cts = P.parse_docker_ps((await shell.capture("docker ps -a --format '{{json .}}'"))[0])
+    assert {(x.name, x.state) for x in cts} == {("vllm-glm", "running"), ("embeddings", "running"),
+                                               ("reranker", "running")}
+    assert all(x.image == "vllm/vllm-openai:v0.14.1" and x.status.startswith("Up ") for x in cts)
+    stats = (await shell.capture("docker stats --no-stream --format '{{json .}}'"))[0]
+    assert len(stats.splitlines()) == 3 and '"MemUsage"' in stats
+    assert (await shell.capture("docker version --format '{{.Server.Version}}'"))[0] == "29.2.1\n"
+    w = P.parse_docker_ps((await Shell(c, WORKER).capture("docker ps -a --format '{{json .}}'"))[0])
+    assert [x.name for x in w] == ["embeddings"]
+
+
+async def test_unknown_commands_fail_like_a_shell():
+    c = cluster()
+    out, err, rc = await Shell(c, HEAD).capture("frobnicate --now")
+    assert (out, err, rc) == ("", "sh: 1: frobnicate: not found\n", 127)
+    out, err, rc = await Shell(c, HEAD).capture("timeout -k 1 8 env LC_ALL=C hostname 2>&1")
+    assert (out, rc) == ("spark-1a32\n", 0)
+    out, _, rc = await Shell(c, HEAD).capture("true && hostname; false || echo fallback | wc -l")
+    assert out == "spark-1a32\n1\n" and rc == 0
+
+
+async def test_same_seed_same_time_same_output():
+    a, b = cluster(), cluster()
+    for c in (a, b):
+        c.clock.advance(123.4)
+    for sec in SECTIONS:
+        if sec.name in ("docker-stats",):
+            continue
+        assert (await Shell(a, HEAD).capture(sec.shell())) == (await Shell(b, HEAD).capture(sec.shell()))
+
+
+# ---- memory ------------------------------------------------------------------------------------
+
+
+async def test_drop_caches_frees_page_cache_and_memory_stays_sane():
+    c = cluster()
+    assert_memory_sane(c)
+    await sh(c, HEAD, "docker stop vllm-glm embeddings reranker")
+    before = P.parse_meminfo((await Shell(c, HEAD).capture("cat /proc/meminfo"))[0])
+    _, _, rc = await sh(c, HEAD, f"hf download {QWEN}", step=60)
+    assert rc == 0
+    mid = P.parse_meminfo((await Shell(c, HEAD).capture("cat /proc/meminfo"))[0])
+    assert mid.cached_bytes > before.cached_bytes + 50 * GIB  # the download went through the page cache
+    assert mid.mem_available_bytes <= mid.mem_total_bytes
+    _, _, rc = await sh(c, HEAD, DROP)
+    assert rc == 0
+    after = P.parse_meminfo((await Shell(c, HEAD).capture("cat /proc/meminfo"))[0])
+    assert after.cached_bytes < 1 * GIB and after.mem_free_bytes > mid.mem_free_bytes + 50 * GIB
+    assert_memory_sane(c)
+
+
+async def test_stopping_a_container_frees_its_memory():
+    c = cluster()
+    before = c.memory(HEAD).available
+    await sh(c, HEAD, "docker stop vllm-glm")
+    after = c.memory(HEAD).available
+    assert after - before > 80 * GIB
+    cts = P.parse_docker_ps((await Shell(c, HEAD).capture("docker ps -a --format '{{json .}}'"))[0])
+    assert next(x for x in cts if x.name == "vllm-glm").state == "exited"
+
+
+def _ballast(c, node: str, nbytes: float) -> None:
+    c.holders.append(Holder(node, 4242, "python3", Curve([(c.now(), nbytes)]), gpu=False))
+
+
+@pytest.mark.parametrize("margin_gib", [-0.6, 0.6])
+async def test_oom_exactly_when_weights_exceed_what_is_free(margin_gib):
+    """Loading dies with a CUDA OOM iff the weights exceed MemAvailable when loading starts."""
+    c = cluster("healthy")
+    glm = "GadflyII/GLM-4.7-Flash-NVFP4"
+    c.nodes[HEAD].models[glm] = MODELS[glm].disk_bytes
+    w = MODELS[glm].weights_gib_tp1 * GIB
+    # leave free = weights + margin
+    _ballast(c, HEAD, c.memory(HEAD).available - (w + margin_gib * GIB))
+    await sh(c, HEAD, DROP)
+    _, err, rc = await sh(c, HEAD, f"docker run -d --name t vllm/vllm-openai:v0.17.0 vllm serve {glm} "
+                                   "--gpu-memory-utilization 0.1 --max-model-len 4096")
+    assert rc == 0, err
+    ct = c.container(HEAD, "t")
+    run = ct.engine
+    free = run.free_at_load[HEAD]
+    assert abs(free - (w + margin_gib * GIB)) < 0.35 * GIB
+    log, _, _ = await sh(c, HEAD, "docker logs -f t", step=2.0)
+    report = parse_vllm_log(log)
+    if w > free:
+        assert "torch.OutOfMemoryError: CUDA out of memory" in log
+        assert report.state == "failed" and report.failure_kind == "oom"
+        assert report.shards_done is not None and report.shards_done < report.shards_total
+    else:
+        assert "torch.OutOfMemoryError" not in log
+        assert "Loading weights took" in log and report.shards_done == report.shards_total
+    assert_memory_sane(c)
+    assert_memory_sane(c, c.now() - 30)
+
+
+# ---- the deployment story ----------------------------------------------------------------------
+
+
+async def test_worker_has_no_internet_and_head_downloads():
+    c = cluster()
+    _, err, rc = await sh(c, WORKER, f"hf download {QWEN}")
+    assert rc == 1 and "Temporary failure in name resolution" in err and "huggingface.co" in err
+    _, err, rc = await sh(c, WORKER, "docker pull vllm/vllm-openai:v0.17.0")
+    assert rc == 1 and "registry-1.docker.io" in err
+    out, _, rc = await sh(c, HEAD, f"hf download {QWEN}", step=30)
+    assert rc == 0
+    bars = out.split("\r")
+    assert re.match(r"Fetching 52 files: 100%\|█{10}\| 52/52 \[\d\d:\d\d<00:00", bars[-1])
+    assert out.rstrip().endswith(tuple("0123456789abcdef")) and f"{QDIR}/snapshots/" in out
+    assert c.has_model(HEAD, QWEN) and not c.has_model(WORKER, QWEN)
+
+
+async def test_old_image_cannot_serve_qwen35():
+    c = cluster("old-image")
+    c.nodes[HEAD].models[QWEN] = MODELS[QWEN].disk_bytes
+    imgs = (await Shell(c, HEAD).capture("docker images"))[0]
+    assert "v0.14.1" in imgs and "v0.17.0" not in imgs
+    await sh(c, HEAD, "docker stop vllm-glm")
+    await sh(c, HEAD, f"docker run -d --name q vllm/vllm-openai:v0.14.1 vllm serve {QWEN}")
+    log, _, _ = await sh(c, HEAD, "docker logs -f q")
+    assert "vLLM API server version 0.14.1" in log
+    assert ("Model architectures ['Qwen3_5MoeForConditionalGeneration'] are not supported for now. "
+            "Supported architectures:") in log
+    report = parse_vllm_log(log)
+    assert report.state == "failed" and report.vllm_version == "0.14.1"
+    # vLLM 0.14 raises the registry's ValueError inside ModelConfig's pydantic validation, so the first
+    # fatal line is the pydantic ValidationError; the log parser (as of this commit) names that "other"
+    assert report.failure_kind in ("unsupported_architecture", "other")
+
+
+async def test_the_whole_story_tp1_ooms_tp2_serves():
+    c = cluster()
+    await sh(c, HEAD, f"hf download {QWEN}", step=60)
+    out, _, rc = await sh(c, HEAD, f"rsync -a --info=progress2 {QDIR} 192.168.200.13:/root/.cache/huggingface/hub/",
+                          step=10)
+    assert rc == 0 and c.has_model(WORKER, QWEN)
+    rx = re.compile(r"^\s*([\d,]+)\s+(\d+)%\s+(\S+/s)\s+(\d+:\d\d:\d\d)(?:\s+\(xfr#(\d+), to-chk=(\d+)/(\d+)\))?")
+    recs = [rx.match(x) for x in out.replace("\r", "\n").splitlines() if x.strip()]
+    assert recs and all(recs) and recs[-1].group(2) == "100" and recs[-1].group(6) == "0"
+    out, _, rc = await sh(c, HEAD, "docker save vllm/vllm-openai:v0.17.0 | ssh 192.168.200.13 docker load")
+    assert rc == 0 and out == "Loaded image: vllm/vllm-openai:v0.17.0\n"
+    await sh(c, HEAD, "docker stop vllm-glm embeddings reranker")
+    await sh(c, WORKER, "docker stop embeddings")
+    await sh(c, HEAD, DROP)
+    await sh(c, WORKER, DROP)
+
+    # TP=1: the 116.6 GiB of weights do not fit one Spark
+    await sh(c, HEAD, f"docker run -d --name tp1 --gpus all --network host vllm/vllm-openai:v0.17.0 vllm serve "
+                      f"{QWEN} --gpu-memory-utilization 0.85 --max-model-len 65536")
+    log, _, _ = await sh(c, HEAD, "docker logs -f tp1", step=2)
+    rep = parse_vllm_log(log)
+    assert rep.state == "failed" and rep.failure_kind == "oom" and rep.shards_total == 40
+    assert rep.vllm_version == "0.17.0"
+    assert c.memory(HEAD).available > 100 * GIB  # the dead engine gave its memory back
+    await sh(c, HEAD, "docker rm tp1")
+    await sh(c, HEAD, DROP)
+
+    # TP=2 across both nodes over Ray
+    img = "vllm/vllm-openai:v0.17.0"
+    _, err, rc = await sh(c, HEAD, f"docker run -d --name ray-head --network host {img} ray start --block --head "
+                                   "--node-ip-address=192.168.200.12 --port=6379")
+    assert rc == 0, err
+    _, err, rc = await sh(c, WORKER, f"docker run -d --name ray-worker --network host {img} ray start --block "
+                                     "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
+    assert rc == 0, err
+    ray = P.parse_ray_status((await sh(c, HEAD, "docker exec ray-head ray status"))[0])
+    assert (ray.active_nodes, ray.gpus_total, ray.gpus_used) == (2, 2, 0)
+    _, err, rc = await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} --tensor-parallel-size 2 "
+                                   "--gpu-memory-utilization 0.85 --max-model-len 65536 --reasoning-parser qwen3 "
+                                   "--served-model-name qwen35")
+    assert rc == 0, err
+    run = next(x.engine for x in c.containers if x.engine and x.engine.tp == 2)
+    assert run.failure is None and run.ready_at is not None
+    # half-way through loading: the bar, and memory growing on both nodes
+    c.clock.advance(run.started + 80 - c.now())
+    partial = "\n".join(ln.text for ln in run.lines if ln.t <= c.now())
+    rep = parse_vllm_log(partial)
+    assert rep.state == "loading" and 0 < rep.shards_done < 40
+    for node in (HEAD, WORKER):
+        apps = P.processes_from_query(P.parse_nvidia_smi_csv((await Shell(c, node).capture(
+            "nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory --format=csv"))[0]))
+        assert [p.name for p in apps] == ["ray::RayWorkerWrapper"]
+        assert 5_000 < apps[0].memory_mib < 58.31 * 1024
+    c.clock.advance(run.ready_at + 1 - c.now())
+    log = "\n".join(ln.text for ln in run.lines)
+    rep = parse_vllm_log(log)
+    assert rep.state == "ready" and rep.failure_kind is None
+    assert (rep.shards_done, rep.shards_total, rep.model_load_gib, rep.port) == (40, 40, 58.31, 8000)
+    assert rep.kv_cache_gib == 33.8 and rep.kv_cache_tokens and rep.max_concurrency
+    assert "Loading safetensors checkpoint shards:  40% Completed | 16/40 [" in log
+    assert re.search(r"^\(APIServer pid=\d+\) INFO:     Application startup complete\.$", log, re.M)
+    assert "(RayWorkerWrapper pid=" in log and "ip=192.168.200.13)" in log
+    ray = P.parse_ray_status((await sh(c, HEAD, "ray status"))[0])
+    assert ray.gpus_used == 2
+    models, _, rc = await sh(c, HEAD, "curl -s http://localhost:8000/v1/models")
+    assert rc == 0 and '"id":"qwen35"' in models and '"max_model_len":65536' in models
+    body = '{"model": "qwen35", "messages": [{"role": "user", "content": "What is 12*17?"}]}'
+    ans, _, rc = await sh(c, HEAD, f"curl -s http://localhost:8000/v1/chat/completions -H "
+                                   f"'Content-Type: application/json' -d '{body}'")
+    import json
+
+    msg = json.loads(ans)["choices"][0]["message"]
+    assert "204" in msg["content"] and msg["reasoning_content"] and "</think>" not in msg["content"]
+    for node in (HEAD, WORKER):
+        m = c.memory(node)
+        assert m.available < 25 * GIB  # ~97 GiB held per node
+    assert_memory_sane(c)
+
+
+async def test_tp2_without_ray_waits_for_a_placement_group_or_refuses():
+    c = cluster("healthy")
+    await sh(c, HEAD, "docker run -d --name ray-head --network host vllm/vllm-openai:v0.17.0 ray start --block "
+                      "--head --node-ip-address=192.168.200.12 --port=6379")
+    await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} -tp 2 --gpu-memory-utilization 0.85")
+    run = next(x.engine for x in c.containers if x.engine and x.engine.tp == 2)
+    c.clock.advance(120)
+    log = "\n".join(ln.text for ln in run.lines if ln.t <= c.now())
+    assert "Waiting for creating a placement group of specs for 10 seconds" in log
+    assert parse_vllm_log(log).state in ("starting", "loading")
+    assert run.failure == "ray"
+
+
+async def test_docker_logs_tail_and_timestamps():
+    c = cluster()
+    out, _, rc = await Shell(c, HEAD).capture("docker logs --tail 5 -t vllm-glm")
+    lines = out.splitlines()
+    assert rc == 0 and len(lines) == 5
+    assert all(re.match(r"^2026-03-2\dT\d\d:\d\d:\d\d\.\d{9}Z \(APIServer pid=1\) ", ln) for ln in lines)
+    full = (await Shell(c, HEAD).capture("docker logs vllm-glm"))[0]
+    rep = parse_vllm_log(full)
+    assert rep.state == "ready" and rep.vllm_version == "0.14.1" and rep.port == 8000
