@@ -273,9 +273,10 @@ async def test_old_image_cannot_serve_qwen35():
             "Supported architectures:") in log
     report = parse_vllm_log(log)
     assert report.state == "failed" and report.vllm_version == "0.14.1"
-    # vLLM 0.14 raises the registry's ValueError inside ModelConfig's pydantic validation, so the first
-    # fatal line is the pydantic ValidationError; the log parser (as of this commit) names that "other"
-    assert report.failure_kind in ("unsupported_architecture", "other")
+    # vLLM 0.14 raises the registry's ValueError inside ModelConfig's pydantic validation: the wrapper
+    # line comes first, the classified cause wins
+    assert report.failure_kind == "unsupported_architecture"
+    assert report.unsupported_architectures == ("Qwen3_5MoeForConditionalGeneration",)
 
 
 async def test_the_whole_story_tp1_ooms_tp2_serves():

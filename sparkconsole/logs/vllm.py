@@ -878,7 +878,10 @@ class VllmLogTracker:
             self._v.setdefault("unsupported_model_type", m3.group("t"))
 
     def _fail(self, kind: str, text: str, ip: str | None, *, specific: bool) -> None:
-        if self._kind_locked:
+        # A classified cause (oom, architecture, nccl, ray) replaces an exception that said
+        # nothing we could classify: vLLM 0.14 raises the registry's "architectures ... are not
+        # supported" inside a pydantic ValidationError, whose first line is only the wrapper.
+        if self._kind_locked and not (self._kind == "other" and kind != "other"):
             return
         first = not self._failed
         self._failed = True

@@ -12,7 +12,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -51,6 +51,7 @@ class DemoOptions:
     scenario: str = "story"
     speed: float = 1.0
     sim_clock: Any = None  # a sparkconsole.sim clock for tests (manual time)
+    read_only: bool = False
 
 
 def _docker_verb(action: str) -> str:
@@ -105,6 +106,7 @@ class SparkConsoleApp(App[int]):
         transport_factory: Callable[[NodeConfig], Transport] | None = None,
         remember_theme: bool = True,
         journal: Journal | None = None,
+        autopoll: bool = True,
     ) -> None:
         super().__init__()
         if config is None and demo is None:
@@ -115,6 +117,7 @@ class SparkConsoleApp(App[int]):
         self.clock = clock
         self.transport_factory = transport_factory
         self.remember_theme = remember_theme
+        self.autopoll = autopoll  # tests drive the polls themselves for reproducible screens
         self.paused = False
         self.poller: ClusterPoller | None = None
         self._poll_timers: dict[str, Timer] = {}
@@ -140,14 +143,17 @@ class SparkConsoleApp(App[int]):
                 kwargs["clock"] = self.demo.sim_clock
             self.demo_cluster = await self._stack.enter_async_context(start_demo_cluster(**kwargs))
             self.config = self.demo_cluster.config
+            if self.demo.read_only:
+                self.config = replace(self.config, read_only=True)
         self.sub_title = self._subtitle()
         self.poller = ClusterPoller(self.config, interval=self.interval, transport_factory=self.transport_factory,
                                     clock=self.clock)
         for p in self.poller.pollers.values():
             p.tick_timeout = max(5.0, 3 * self.interval)
         await self.push_screen(OverviewScreen())
-        for name in self.poller.pollers:
-            self.poll_node(name)
+        if self.autopoll:
+            for name in self.poller.pollers:
+                self.poll_node(name)
         self.set_interval(1.0, self._tick_ages)
 
     async def on_unmount(self) -> None:
@@ -195,7 +201,7 @@ class SparkConsoleApp(App[int]):
             state.reason = f"internal error while polling: {worker.error}"
         if event.state in (WorkerState.SUCCESS, WorkerState.ERROR):
             self._show_node(name)
-            if self.is_running:
+            if self.is_running and self.autopoll:
                 self._poll_timers[name] = self.set_timer(self.interval, partial(self.poll_node, name))
 
     def _show_node(self, name: str) -> None:

@@ -1,0 +1,66 @@
+"""Helpers for UI tests: the console on the demo cluster, reproducibly.
+
+The sim runs on a manual clock and the console on a frozen wall clock; the tests drive every
+poll themselves (``autopoll=False``), advancing sim time between polls, so the history, the ages
+and every number on screen are the same on every run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from sparkconsole.journal import Journal
+from sparkconsole.sim.clock import SimClock
+from sparkconsole.ui.app import DemoOptions, SparkConsoleApp
+
+WALL = 1_774_700_000.0
+
+
+class FrozenClock:
+    """A wall clock that only moves when told to."""
+
+    def __init__(self, t: float = WALL) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def demo_app(tmp_path, scenario: str = "story", *, read_only: bool = False, nodes: int = 2) -> SparkConsoleApp:
+    return SparkConsoleApp(
+        demo=DemoOptions(nodes=nodes, scenario=scenario, sim_clock=SimClock.frozen(), read_only=read_only),
+        clock=FrozenClock(),
+        remember_theme=False,
+        journal=Journal(tmp_path / "journal.jsonl"),
+        autopoll=False,
+    )
+
+
+async def wait_ready(pilot, app: SparkConsoleApp, timeout: float = 20.0) -> None:
+    """Until the demo runs and the overview is up."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while app.poller is None or not app.screen_stack or type(app.screen).__name__ != "OverviewScreen":
+        if loop.time() > end:
+            raise TimeoutError("the console did not start")
+        await pilot.pause(0.05)
+
+
+async def poll_ticks(pilot, app: SparkConsoleApp, ticks: int = 6, step: float = 2.0,
+                     nodes: list[str] | None = None) -> None:
+    """``ticks`` polls of every node (or ``nodes``), ``step`` sim seconds apart."""
+    assert app.poller is not None and app.demo is not None
+    sim_clock: SimClock = app.demo.sim_clock
+    names = nodes or list(app.poller.pollers)
+    for _ in range(ticks):
+        await asyncio.gather(*(app.poller.pollers[n].poll_once() for n in names))
+        sim_clock.advance(step)
+    app._tick_ages()
+    await pilot.pause()
+
+
+async def started(pilot, app: SparkConsoleApp, ticks: int = 6) -> None:
+    await wait_ready(pilot, app)
+    await poll_ticks(pilot, app, ticks)
