@@ -8,6 +8,7 @@ and every number on screen are the same on every run.
 from __future__ import annotations
 
 import asyncio
+
 from sparkconsole.journal import Journal
 from sparkconsole.sim.clock import SimClock
 from sparkconsole.ui.app import DemoOptions, SparkConsoleApp
