@@ -7,12 +7,15 @@ config, options vLLM would refuse). The JSON keys are the contract in ARCHITECTU
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import sys
 
+from sparkconsole.cli import add_cluster_args
 from sparkconsole.planner import budget as bud
-from sparkconsole.planner.plan import PlanOptions, PlanResult, node_memory_from_cluster, plan
+from sparkconsole.planner.live import LiveMemory, probe_node_memory
+from sparkconsole.planner.plan import PlanOptions, PlanResult, plan
 from sparkconsole.planner.spec import load_spec
 
 
@@ -62,8 +65,8 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-gib", type=_number, metavar="GIB",
                    help="take the KV budget per node as given (like vLLM's --kv-cache-memory)")
     p.add_argument("--node-memory-gib", type=_number, metavar="GIB",
-                   help=f"memory per node (default: the live node when a cluster is configured, else "
-                   f"{bud.DEFAULT_NODE_MEMORY_GIB})")
+                   help=f"memory per node (default: the smallest live node's MemTotal when --config, --host, "
+                   f"--local or --demo names a cluster, else {bud.DEFAULT_NODE_MEMORY_GIB})")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="vLLM's default is on (linear-attention state then booked twice per request)")
     p.add_argument("--num-speculative-tokens", type=_nonneg_int, default=0, metavar="N",
@@ -77,13 +80,33 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="allow --gpu-memory-utilization above 0.90")
     p.add_argument("--offline", action="store_true", help="never contact the Hugging Face Hub")
     p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract)")
+    add_cluster_args(p)
+    p.add_argument("--probe-timeout", type=_number, default=20.0, metavar="SECONDS",
+                   help="with a cluster: seconds to wait for each node's memory (default 20)")
     p.set_defaults(func=run)
 
 
-def _options(args: argparse.Namespace) -> PlanOptions:
+_CLUSTER_FLAGS = ("config", "host", "local", "demo")
+
+
+def wants_live_memory(args: argparse.Namespace) -> bool:
+    """A cluster was named on the command line and --node-memory-gib was not given."""
+    return args.node_memory_gib is None and any(getattr(args, k, None) for k in _CLUSTER_FLAGS)
+
+
+async def _live_memory(args: argparse.Namespace) -> LiveMemory:
+    from sparkconsole.commands._cluster import open_cluster
+
+    async with open_cluster(args) as config:
+        return await probe_node_memory(config, timeout=args.probe_timeout or 20.0)
+
+
+def _options(args: argparse.Namespace, live: LiveMemory | None = None) -> PlanOptions:
     node_mem = args.node_memory_gib
-    if node_mem is None:
-        node_mem = node_memory_from_cluster(None)  # hook: None until --config/--demo land here
+    notes: tuple[str, ...] = ()
+    if node_mem is None and live is not None:
+        node_mem = live.gib  # None: nothing read, the default stays (the notes say why)
+        notes = tuple(live.notes(args.gpu_memory_utilization))
     return PlanOptions(
         tp=args.tp, nodes=args.nodes, gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len, kv_cache_dtype=args.kv_cache_dtype, kv_cache_gib=args.kv_cache_gib,
@@ -91,6 +114,7 @@ def _options(args: argparse.Namespace) -> PlanOptions:
         num_speculative_tokens=args.num_speculative_tokens, language_model_only=args.language_model_only,
         max_num_batched_tokens=args.max_num_batched_tokens, activation_gib=args.activation_gib,
         non_torch_gib=args.non_torch_gib, cuda_graph_gib=args.cuda_graph_gib, force=args.force,
+        node_memory_notes=notes,
     )
 
 
@@ -101,6 +125,7 @@ def render_text(r: PlanResult, source: str) -> str:
         ("model", f"{r.model}  ({source})"),
         ("nodes / TP", f"{r.nodes} / {r.tp}"),
         ("max model len", f"{r.max_model_len:,} tokens"),
+        ("node memory", f"{r.budget.node_memory_gib:.2f} GiB"),
         ("weights per node", f"{r.weights_gib_per_node:.2f} GiB"),
         ("KV budget per node", f"{r.kv_cache_gib_per_node:.2f} GiB"),
         ("KV per token per node", f"{lay.kv_bytes_per_token:,} B ({lay.kv_dtype})"),
@@ -135,7 +160,8 @@ def render_text(r: PlanResult, source: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.model, offline=args.offline)
-    result = plan(spec, _options(args))
+    live = asyncio.run(_live_memory(args)) if wants_live_memory(args) else None
+    result = plan(spec, _options(args, live))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

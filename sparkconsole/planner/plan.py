@@ -27,14 +27,22 @@ JSON_KEYS = (
 _MAX_TP = 64
 
 
-def node_memory_from_cluster(cluster: Any = None) -> float | None:
-    """Node memory (GiB) from the live nodes of a configured cluster: the smallest total, as vLLM's
-    executor takes the minimum across ranks.
+def node_memory_from_cluster(cluster: Any = None, *, timeout: float = 20.0) -> float | None:
+    """Node memory (GiB) from the live nodes of a configured cluster: the smallest MemTotal, as
+    vLLM's executor takes the minimum across ranks. None without a cluster, or when no node could
+    be read (the plan then uses 121.69 GiB).
 
-    Hook for ``--config`` / ``--demo``: the probe layer does not report it to the planner yet, so
-    this returns None and the plan uses ``--node-memory-gib`` or 121.69 GiB.
+    ``cluster`` is a :class:`~sparkconsole.config.ClusterConfig`. This probes the nodes once in a
+    fresh event loop; inside a running loop use :func:`sparkconsole.planner.live.probe_node_memory`
+    (which also gives the reasons: :meth:`~sparkconsole.planner.live.LiveMemory.notes`).
     """
-    return None
+    if cluster is None or not getattr(cluster, "nodes", None):
+        return None
+    import asyncio
+
+    from sparkconsole.planner.live import probe_node_memory
+
+    return asyncio.run(probe_node_memory(cluster, timeout=timeout)).gib
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class PlanOptions:
     non_torch_gib: float | None = None
     cuda_graph_gib: float | None = None
     force: bool = False
+    node_memory_notes: tuple[str, ...] = ()  # where node memory came from (live nodes), in plain words
 
 
 @dataclass
@@ -199,6 +208,7 @@ def _reasons(spec: ModelSpec, o: PlanOptions, r: PlanResult) -> list[str]:
             out.append(f"the weights alone ({b.weights_gib:.2f} GiB) are more than the whole node "
                        f"({b.node_memory_gib:.2f} GiB)")
     out.append(b.describe())
+    out += list(o.node_memory_notes)
     kvb = "fp8" if lay.kv_dtype == "fp8" else lay.kv_dtype
     out.append(f"KV cache: {lay.kv_bytes_per_token:,} bytes per token per node ({lay.attn_layers} attention "
                f"layers, {kvb})")
