@@ -65,3 +65,14 @@ async def poll_ticks(pilot, app: SparkConsoleApp, ticks: int = 6, step: float = 
 async def started(pilot, app: SparkConsoleApp, ticks: int = 6) -> None:
     await wait_ready(pilot, app)
     await poll_ticks(pilot, app, ticks)
+
+
+async def run_actions(pilot, app: SparkConsoleApp, step: float = 0.5, limit: int = 200) -> None:
+    """Let running service actions finish, moving sim time on (a docker stop takes sim time)."""
+    for _ in range(limit):
+        busy = [w for w in app.workers if w.group == "service-action" and not w.is_finished]
+        if not busy:
+            return
+        app.demo.sim_clock.advance(step)
+        await pilot.pause(0.02)
+    raise TimeoutError("a service action did not finish")

@@ -68,6 +68,7 @@ class NodeCommands(Provider):
             ("Overview", app.action_overview, "Back to every node at a glance"),
             ("Pause / resume polling", app.action_toggle_pause, "Stop or restart the probes"),
             ("Refresh now", app.action_refresh_now, "Poll every node now"),
+            ("Memory planner", app.action_planner, "Will a model fit on one Spark or on N? (key m)"),
         ]
         for i, node in enumerate(app.config.nodes, start=1):
             entries.append((f"Go to node {node.name}", partial(app.open_node, i), f"{node.role} · key {i}"))
@@ -339,6 +340,12 @@ class SparkConsoleApp(App[int]):
         transport = self.poller.pollers[node].transport
         command = docker_follow(service.name) if service.kind == "container" else journal_follow(service.name)
         self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command, source=node)))
+
+    def action_planner(self) -> None:
+        from sparkconsole.ui.screens.planner import PlannerScreen
+
+        if not isinstance(self.screen, PlannerScreen):
+            self.push_screen(PlannerScreen())
 
     def action_overview(self) -> None:
         while len(self.screen_stack) > 2:

@@ -15,6 +15,8 @@ APP_BINDINGS: list[Binding] = [
     Binding("p", "toggle_pause", "Pause", id="app.pause",
             tooltip="Pause or resume polling (the last samples stay on screen)."),
     Binding("r", "refresh_now", "Refresh", id="app.refresh", tooltip="Poll every node now."),
+    Binding("m", "planner", "Plan", id="app.planner",
+            tooltip="Memory planner: will a model fit on one Spark or on N? (vLLM's own arithmetic)"),
     Binding("plus,equals_sign", "faster", "+rate", key_display="+", id="app.faster",
             tooltip="Poll more often (shorter interval)."),
     Binding("minus", "slower", "-rate", key_display="-", id="app.slower",

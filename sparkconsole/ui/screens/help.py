@@ -80,5 +80,11 @@ class HelpScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self.query_one("#help-box").border_title = "Help"
 
+    def table_text(self) -> str:
+        """The help table as plain text (tests)."""
+        from sparkconsole.ui.widgets.node_card import renderable_text
+
+        return renderable_text(help_table(self.under), 140)
+
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

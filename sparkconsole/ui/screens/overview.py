@@ -34,9 +34,17 @@ class OverviewScreen(Screen):
         cards = list(self.query(NodeCard))
         if cards:
             cards[0].focus()
-        grid = self.query_one("#cards", Grid)
-        grid.styles.grid_size_columns = min(max(len(cards), 1), 2)
+        self._layout_cards(self.size.width)
         self.refresh_all()
+
+    def on_resize(self, event) -> None:
+        self._layout_cards(event.size.width)
+
+    def _layout_cards(self, width: int) -> None:
+        """Two cards side by side when there is room (about 70 columns each), else one."""
+        count = len(self.query(NodeCard))
+        columns = 2 if width >= 140 and count > 1 else 1
+        self.query_one("#cards", Grid).styles.grid_size_columns = columns
 
     def refresh_all(self) -> None:
         app = self.app

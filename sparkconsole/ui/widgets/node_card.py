@@ -21,8 +21,9 @@ STATUS_STYLE = {
     NodeStatus.STALE: "dark_orange",
     NodeStatus.DOWN: "red",
 }
-SPARK_WIDTH = 36
-BAR_WIDTH = 60
+SPARK_WIDTH = 44
+BAR_WIDTH = 70
+TOP_CONTAINERS = 4
 
 
 def age_text(state: NodeState, now: float) -> str:
@@ -99,6 +100,48 @@ def containers_line(sample: NodeSample) -> Text:
     return text
 
 
+def containers_table(sample: NodeSample) -> Table:
+    """The few containers that matter most: running first, then by memory."""
+    table = Table.grid(padding=(0, 1))
+    table.add_column(width=1)
+    table.add_column(ratio=2, no_wrap=True, overflow="ellipsis")
+    table.add_column(ratio=3, no_wrap=True, overflow="ellipsis", style="dim")
+    table.add_column(no_wrap=True)
+    table.add_column(justify="right", no_wrap=True)
+    ordered = sorted(sample.containers, key=lambda c: (c.state != "running", -(c.mem_used_bytes or 0)))
+    for c in ordered[:TOP_CONTAINERS]:
+        colour = {"running": "green", "restarting": "dark_orange", "exited": "dim"}.get(c.state or "", "yellow")
+        mem = DASH if c.mem_used_bytes is None else f"{gib(c.mem_used_bytes)} GiB"
+        table.add_row(Text("●", style=colour), c.name or DASH, c.image or DASH, c.status or DASH, mem)
+    if len(ordered) > TOP_CONTAINERS:
+        table.add_row("", Text(f"… {len(ordered) - TOP_CONTAINERS} more (Enter for all)", style="dim"), "", "", "")
+    return table
+
+
+def gpu_processes_line(sample: NodeSample) -> Text:
+    text = Text("GPU processes  ", style="bold")
+    if "gpu_processes" in sample.unknown and not sample.gpu_processes:
+        text.append(f"{DASH} ({sample.unknown['gpu_processes']})", style="dim")
+        return text
+    if not sample.gpu_processes:
+        text.append("none", style="dim")
+        return text
+    procs = sorted(sample.gpu_processes, key=lambda p: -(p.memory_mib or 0))
+    text.append(" · ".join(f"{p.name or p.pid} {fmt((p.memory_mib or 0) / 1024 if p.memory_mib is not None else None, ' GiB', 1)}"
+                           for p in procs[:3]))
+    return text
+
+
+def renderable_text(renderable, width: int = 76) -> str:
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=width, file=io.StringIO(), color_system=None, legacy_windows=False)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
 def card_renderable(state: NodeState, role: str, now: float, alerts: list[Alert]) -> Group:
     parts: list = [status_line(state, role, now)]
     sample = state.sample
@@ -117,7 +160,9 @@ def card_renderable(state: NodeState, role: str, now: float, alerts: list[Alert]
     mem_head = Text("Unified memory  ", style="bold")
     mem_head.append(f"{gib(mem.used_bytes)} / {gib(mem.total_bytes)} GiB used · {gib(mem.available_bytes)} GiB available")
     parts += [mem_head, memory_bar(mem, BAR_WIDTH), memory_legend(mem), Text("")]
-    parts += [links_line(sample), containers_line(sample)]
+    parts += [gpu_processes_line(sample), links_line(sample), containers_line(sample)]
+    if sample.containers:
+        parts.append(containers_table(sample))
     if alerts:
         parts.append(Text(""))
         for alert in alerts:
@@ -143,7 +188,8 @@ class NodeCard(Static, can_focus=True):
         self.border_title = f"[{index}] {node}"
 
     def show(self, state: NodeState, alerts: list[Alert]) -> None:
-        self.update(card_renderable(state, self.role, self.clock(), alerts))
+        self._shown = card_renderable(state, self.role, self.clock(), alerts)
+        self.update(self._shown)
         self.set_class(state.status is NodeStatus.DOWN, "-down")
         self.set_class(state.status is NodeStatus.STALE, "-stale")
         reasons = dict(state.sample.unknown) if state.sample else {}
@@ -151,6 +197,10 @@ class NodeCard(Static, can_focus=True):
             reasons = {"status": state.reason, **reasons}
         self.tooltip = "\n".join(f"{k}: {v}" for k, v in reasons.items()) or None
         self.border_subtitle = state.status.value
+
+    def plain_text(self, width: int = 76) -> str:
+        """What the card shows, as plain text (tests and screen readers)."""
+        return renderable_text(getattr(self, "_shown", ""), width)
 
     def on_click(self) -> None:
         self.post_message(self.Selected(self.node))

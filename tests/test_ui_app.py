@@ -1,0 +1,355 @@
+"""The dashboard driven with Pilot on the demo cluster: every key, through the real SSH transport.
+
+The demo runs in the app's own event loop behind real asyncssh servers; the console reaches it
+with the same SSH transport, probe and parsers it uses for real Sparks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from textual.widgets import DataTable, Input
+
+from sparkconsole.journal import read_journal
+from sparkconsole.probe.state import NodeStatus
+from sparkconsole.ui.screens.confirm import ConfirmScreen
+from sparkconsole.ui.screens.help import HelpScreen
+from sparkconsole.ui.screens.logs import LogScreen
+from sparkconsole.ui.screens.node_detail import NodeDetailScreen
+from sparkconsole.ui.screens.overview import OverviewScreen
+from sparkconsole.ui.widgets.node_card import NodeCard
+from sparkconsole.services import Debouncer
+from tests.ui_support import demo_app, poll_ticks, run_actions, started, wait_ready
+
+SIZE = (160, 48)
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+
+
+def card_text(app, index: int) -> str:
+    return app.screen.query_one(f"#card-{index}", NodeCard).plain_text()
+
+
+async def test_overview_shows_both_sparks_with_real_numbers(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app)
+        assert isinstance(app.screen, OverviewScreen)
+        states = app.states()
+        assert [s.name for s in states] == ["spark-1a32", "spark-5be3"]
+        assert all(s.status is NodeStatus.UP for s in states)
+        head = states[0].sample
+        assert head.gpus[0].name == "NVIDIA GB10" and head.memory.unified
+        assert head.gpus[0].memory_total_mib is None and "gpu.memory" in head.unknown
+        text = card_text(app, 1)
+        assert "NVIDIA GB10" in text and "Unified memory" in text and "GiB" in text
+        assert "2/4 twins up" in text and "192.168.200.12" in text
+        for name in ("vllm-glm", "embeddings", "reranker"):
+            assert name in text
+        assert "spark-5be3" in card_text(app, 2)
+        # history lives in the data layer: one point per tick
+        assert len(states[0].history.values("gpu_util")) == 6
+
+
+async def test_q_quits_with_exit_code_0(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_help_is_contextual_and_closes(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        table = app.screen.table_text()
+        assert "overview.open" in table and "app.quit" in table
+        assert "detail.stop" not in table  # the detail's keys belong to the detail
+        await pilot.press("escape")
+        assert isinstance(app.screen, OverviewScreen)
+        await pilot.press("1")
+        await pilot.press("f1")
+        assert "detail.stop" in app.screen.table_text()
+        await pilot.press("escape")
+        assert isinstance(app.screen, NodeDetailScreen)
+
+
+async def test_number_keys_enter_click_and_escape(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("2")
+        assert isinstance(app.screen, NodeDetailScreen) and app.screen.node == "spark-5be3"
+        await pilot.press("escape")
+        assert isinstance(app.screen, OverviewScreen)
+        await pilot.press("right")
+        assert app.focused.id == "card-2"
+        await pilot.press("left")
+        assert app.focused.id == "card-1"
+        await pilot.press("enter")
+        assert isinstance(app.screen, NodeDetailScreen) and app.screen.node == "spark-1a32"
+        await pilot.press("escape")
+        await pilot.click("#card-2")
+        assert isinstance(app.screen, NodeDetailScreen) and app.screen.node == "spark-5be3"
+        await pilot.press("9")  # no ninth node: nothing happens
+        assert app.screen.node == "spark-5be3"
+
+
+async def test_refresh_interval_pause_and_refresh_now(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        assert app.interval == 2.0
+        await pilot.press("plus")
+        assert app.interval == 1.0
+        await pilot.press("minus", "minus")
+        assert app.interval == 3.0
+        assert all(p.interval == 3.0 for p in app.poller.pollers.values())
+        await pilot.press("p")
+        assert app.paused and "paused" in str(app.status_strip())
+        await pilot.press("p")
+        assert not app.paused
+        before = len(app.states()[0].history.values("gpu_util"))
+        await pilot.press("r")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert len(app.states()[0].history.values("gpu_util")) == before + 1
+
+
+async def test_command_palette_jumps_to_a_node(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"go to node spark-5be3")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, NodeDetailScreen) and app.screen.node == "spark-5be3"
+
+
+async def test_detail_filter_shows_only_matching_services(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("1")
+        await pilot.pause()
+        await pilot.press("slash")
+        await pilot.pause()
+        assert isinstance(app.focused, Input)
+        await pilot.press(*"rerank")
+        await pilot.pause()
+        table = app.screen.query_one("#containers-table", DataTable)
+        assert table.row_count == 1
+        assert table.get_row_at(0)[0] == "reranker"
+        await pilot.press("escape")  # closes the filter box, stays on the detail
+        assert isinstance(app.screen, NodeDetailScreen)
+
+
+async def _select(app, pilot, name: str) -> None:
+    table = app.screen.query_one("#containers-table", DataTable)
+    table.focus()
+    for row in range(table.row_count):
+        if table.get_row_at(row)[0] == name:
+            table.move_cursor(row=row)
+            await pilot.pause()
+            return
+    raise AssertionError(f"{name} not in the services table")
+
+
+async def test_stop_and_start_with_confirmation_journaled(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("1")
+        await _select(app, pilot, "reranker")
+        await pilot.press("s")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")  # no: nothing runs
+        await pilot.pause()
+        assert isinstance(app.screen, NodeDetailScreen)
+        assert read_journal(tmp_path / "journal.jsonl") == []
+        app.debouncer.reset()
+        await pilot.press("s")
+        await pilot.pause()
+        await pilot.press("y")
+        await run_actions(pilot, app)
+        await poll_ticks(pilot, app, ticks=1)
+        head = app.node_state("spark-1a32").sample
+        assert next(c for c in head.containers if c.name == "reranker").state == "exited"
+        app.debouncer.reset()
+        await _select(app, pilot, "reranker")
+        await pilot.press("S")
+        await pilot.pause()
+        await pilot.press("y")
+        await run_actions(pilot, app)
+        await poll_ticks(pilot, app, ticks=3)  # a container takes a moment to come up
+        head = app.node_state("spark-1a32").sample
+        assert next(c for c in head.containers if c.name == "reranker").state == "running"
+        entries = read_journal(tmp_path / "journal.jsonl")
+        assert [(e.node, e.command, e.exit_code) for e in entries] == [
+            ("spark-1a32", "docker stop reranker", 0),
+            ("spark-1a32", "docker start reranker", 0),
+        ]
+
+
+async def test_destructive_keys_are_debounced(tmp_path):
+    app = demo_app(tmp_path)
+    app.debouncer = Debouncer(clock=lambda: 100.0)  # time stands still: every press is "too soon"
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("1")
+        await _select(app, pilot, "reranker")
+        await pilot.press("s")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        await pilot.press("s")  # within the debounce window: ignored
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+
+
+async def test_read_only_refuses_with_a_reason(tmp_path):
+    app = demo_app(tmp_path, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        assert "READ-ONLY" in str(app.status_strip())
+        await pilot.press("1")
+        await _select(app, pilot, "vllm-glm")
+        await pilot.press("s")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert any("read-only" in (n.title or "") for n in app._notifications)
+        assert read_journal(tmp_path / "journal.jsonl") == []
+        head = app.node_state("spark-1a32").sample
+        assert next(c for c in head.containers if c.name == "vllm-glm").state == "running"
+
+
+async def test_restart_then_follow_the_log_with_a_live_weight_loading_bar(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("1")
+        await _select(app, pilot, "vllm-glm")
+        await pilot.press("R")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await run_actions(pilot, app)
+        await pilot.press("l")
+        await pilot.pause(0.3)
+        screen = app.screen
+        assert isinstance(screen, LogScreen)
+        seen_progress: list[int] = []
+        for _ in range(400):  # about 200 s of sim time, in half-second steps
+            app.demo.sim_clock.advance(0.5)
+            await pilot.pause(0.01)
+            report = screen.tracker.report
+            if report.shards_done is not None and (not seen_progress or seen_progress[-1] != report.shards_done):
+                seen_progress.append(report.shards_done)
+            if report.state == "ready":
+                break
+        report = screen.tracker.report
+        assert report.state == "ready", report.to_dict()
+        assert len(seen_progress) > 2 and seen_progress == sorted(seen_progress)  # the bar moved
+        assert report.shards_done == report.shards_total
+        assert report.kv_cache_gib is not None and report.port == 8000
+        text = "\n".join(line.text for line in screen.buffer.lines)
+        assert "Loading safetensors checkpoint shards" in text
+        await pilot.press("escape")
+        assert isinstance(app.screen, NodeDetailScreen)
+
+
+async def test_a_lost_node_goes_stale_then_down_and_never_blocks_the_other(tmp_path):
+    app = demo_app(tmp_path, scenario="node-lost")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        for p in app.poller.pollers.values():
+            p.tick_timeout = 1.0
+        await poll_ticks(pilot, app, ticks=2)
+        assert all(s.status is NodeStatus.UP for s in app.states())
+        app.demo.sim_clock.advance(30)  # past the worker's lost_at
+        await poll_ticks(pilot, app, ticks=1)
+        head, worker = app.states()
+        assert head.status is NodeStatus.UP
+        assert worker.status is NodeStatus.STALE and "no answer" in worker.reason
+        await poll_ticks(pilot, app, ticks=2, nodes=["spark-5be3"])
+        assert worker.status is NodeStatus.DOWN
+        assert worker.sample is not None  # the last good sample stays
+        assert "node down" in card_text(app, 2)
+
+
+async def test_stale_by_age_on_the_frozen_clock(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        app.clock.advance(20)
+        app._tick_ages()
+        await pilot.pause()
+        assert app.states()[0].status is NodeStatus.STALE
+        assert "20 s ago" in card_text(app, 1)
+
+
+async def test_theme_is_remembered_between_runs(tmp_path, monkeypatch):
+    from sparkconsole.ui.app import SparkConsoleApp
+
+    state = tmp_path / "themes"
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(state))
+    app = demo_app(tmp_path)
+    app.remember_theme = True
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        app.theme = "nord"
+        await pilot.pause()
+    assert json.loads((state / "ui.json").read_text()) == {"theme": "nord"}
+    again = SparkConsoleApp(app.config, autopoll=False)
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert again.theme == "nord"
+
+
+async def test_keymap_from_config_rebinds_by_id(tmp_path):
+    from dataclasses import replace
+
+    from sparkconsole.ui.app import SparkConsoleApp
+
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        config = replace(app.config, keymap={"app.quit": "ctrl+q"})
+    rebound = SparkConsoleApp(config, autopoll=False, remember_theme=False)
+    async with rebound.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("q")  # no longer quits
+        assert rebound.is_running
+        await pilot.press("ctrl+q")
+    assert rebound.return_code == 0
+
+
+async def test_m_opens_the_memory_planner_with_live_node_memory(tmp_path):
+    from sparkconsole.ui.screens.planner import PlannerScreen
+
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("m")
+        await pilot.pause()
+        assert isinstance(app.screen, PlannerScreen)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        result = app.screen.result
+        assert result is not None and result.error is None
+        assert "live" in result.memory_source or "node" in result.memory_source
+        assert abs(result.memory_gib - 119.7) < 0.1  # the sim's MemTotal, not the 121.69 default
+        await pilot.press("escape")
+        assert isinstance(app.screen, OverviewScreen)
