@@ -58,7 +58,9 @@ async def poll_ticks(pilot, app: SparkConsoleApp, ticks: int = 6, step: float = 
     for _ in range(ticks):
         await asyncio.gather(*(app.poller.pollers[n].poll_once() for n in names))
         sim_clock.advance(step)
-    app._tick_ages()
+        if isinstance(app.clock, FrozenClock):
+            app.clock.advance(step)  # wall time passes with sim time
+        app._tick_ages()
     await pilot.pause()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -128,6 +129,9 @@ class SparkConsoleApp(App[int]):
         self.journal = journal or Journal()
         self.debouncer = Debouncer()
         self._controllers: dict[str, ServiceController] = {}
+        self.events: deque[tuple[float, str, str]] = deque(maxlen=200)  # (time, severity, text)
+        self._last_status: dict[str, NodeStatus] = {}
+        self._last_alerts: set[str] = set()
 
     # ---- life cycle ---------------------------------------------------------------------------
 
@@ -201,9 +205,31 @@ class SparkConsoleApp(App[int]):
             state.status = NodeStatus.DOWN if state.sample is None else NodeStatus.STALE
             state.reason = f"internal error while polling: {worker.error}"
         if event.state in (WorkerState.SUCCESS, WorkerState.ERROR):
+            self._note_changes(name)
             self._show_node(name)
             if self.is_running and self.autopoll:
                 self._poll_timers[name] = self.set_timer(self.interval, partial(self.poll_node, name))
+
+    def add_event(self, severity: str, text: str) -> None:
+        self.events.append((self.clock(), severity, text))
+
+    def _note_changes(self, name: str) -> None:
+        """Record status transitions and new alerts in the events list."""
+        if self.poller is None:
+            return
+        state = self.poller.pollers[name].state
+        before = self._last_status.get(name)
+        if state.status is not before and not (before is None and state.status is NodeStatus.UP):
+            severity = {"up": "info", "stale": "warning", "down": "critical"}.get(state.status.value, "info")
+            self.add_event(severity, f"{name}: {state.status.value}" + ("" if state.status is NodeStatus.UP
+                                                                           else f" — {state.reason}"))
+        self._last_status[name] = state.status
+        current = {f"{a.node}: {a.text}" for a in self.alerts()
+                   if a.node in (name, "cluster") and not a.text.startswith(("stale:", "node down:"))}
+        for text in sorted(current - self._last_alerts):
+            self.add_event("warning", f"alert {text}")
+        self._last_alerts = (self._last_alerts - {t for t in self._last_alerts
+                                                   if t.startswith((f"{name}: ", "cluster: "))}) | current
 
     def _show_node(self, name: str) -> None:
         screen = self.screen
@@ -213,8 +239,9 @@ class SparkConsoleApp(App[int]):
     def _tick_ages(self) -> None:
         if self.poller is None:
             return
-        for p in self.poller.pollers.values():
+        for name, p in self.poller.pollers.items():
             p.refresh_staleness()
+            self._note_changes(name)
         screen = self.screen
         if hasattr(screen, "refresh_all"):
             screen.refresh_all()
@@ -330,6 +357,7 @@ class SparkConsoleApp(App[int]):
             return
         result = await controller.execute(cmd)
         self.notify(result.message, severity=result.severity, title=node)
+        self.add_event("info" if result.ok else "critical", result.message)
         self.action_refresh_now()
         screen = self.screen
         if hasattr(screen, "after_action"):
@@ -339,7 +367,7 @@ class SparkConsoleApp(App[int]):
         assert self.poller is not None
         transport = self.poller.pollers[node].transport
         command = docker_follow(service.name) if service.kind == "container" else journal_follow(service.name)
-        self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command, source=node)))
+        self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command)))
 
     def action_planner(self) -> None:
         from sparkconsole.ui.screens.planner import PlannerScreen

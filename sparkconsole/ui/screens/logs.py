@@ -228,6 +228,9 @@ class LogScreen(Screen[None]):
         self.pattern = ""
         self.filter_on = False
         self.new_lines = 0
+        # Following is our own state, not "is the view at the end right now": lines written before
+        # the first layout, or faster than the view scrolls, must not look like a scroll-up.
+        self._following = True
         self.cursor: int | None = None  # absolute index of the last match / error jumped to
         self.stream_state = "connecting"  # connecting / live / dropped
         self.drops = 0
@@ -332,10 +335,11 @@ class LogScreen(Screen[None]):
         ):
             self._prune_view()
             return
-        at_end = log.is_vertical_scroll_end
+        at_end = self._following
         if self._view is not None:
             self._view.append(absolute)
-        log.write_line(display or " ")  # Log drops empty lines: keep one line per buffer line
+        # Log drops empty lines: keep one line per buffer line
+        log.write_line(display or " ", scroll_end=at_end)
         self._prune_view()
         if not at_end:
             self.new_lines += 1
@@ -372,12 +376,17 @@ class LogScreen(Screen[None]):
 
     @property
     def following(self) -> bool:
-        return self.log_view.is_vertical_scroll_end
+        return self._following
 
-    def _on_scroll(self, _old: float, _new: float) -> None:
-        if self.log_view.is_vertical_scroll_end and self.new_lines:
-            self.new_lines = 0
-            self._update_badge()
+    def _on_scroll(self, old: float, new: float) -> None:
+        at_end = self.log_view.is_vertical_scroll_end
+        if at_end:
+            self._following = True
+            if self.new_lines:
+                self.new_lines = 0
+                self._update_badge()
+        elif new < old:  # the user scrolled up: stop following (Toolong's rule)
+            self._following = False
         self._update_status()
 
     def _update_badge(self) -> None:
@@ -392,7 +401,7 @@ class LogScreen(Screen[None]):
 
     def _update_status(self) -> None:
         parts = [{"connecting": "connecting…", "live": "live", "dropped": "stream lost"}[self.stream_state]]
-        parts.append("following" if self.log_view.is_vertical_scroll_end else "paused")
+        parts.append("following" if self._following else "paused")
         parts.append(f"{len(self.buffer)} lines")
         if self.pattern:
             n = len(self.buffer.matches(self.pattern)) - self.buffer.markers if self.filter_on else None
@@ -408,6 +417,7 @@ class LogScreen(Screen[None]):
         return not (action == "follow" and isinstance(self.focused, Input))
 
     def action_follow(self) -> None:
+        self._following = True
         self.log_view.scroll_end(animate=False, immediate=True)
         self.new_lines = 0
         self._update_badge()
@@ -522,6 +532,7 @@ class LogScreen(Screen[None]):
         log.notify_style_update()
         log.write_lines(lines, scroll_end=True)
         log.scroll_end(animate=False, immediate=True)
+        self._following = True
 
     def action_next_error(self) -> None:
         found = self.buffer.next_error(self._origin())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, VerticalScroll
@@ -12,6 +14,22 @@ from sparkconsole.probe.alerts import Alert
 from sparkconsole.probe.state import NodeState
 from sparkconsole.ui.keymap import OVERVIEW_BINDINGS
 from sparkconsole.ui.widgets.node_card import NodeCard
+
+EVENT_STYLE = {"info": "green", "warning": "dark_orange", "critical": "bold red"}
+EVENTS_SHOWN = 6
+
+
+def events_text(events) -> Text:
+    """The last few events, newest last: status changes, new alerts, actions run."""
+    text = Text("Events  ", style="bold")
+    recent = list(events)[-EVENTS_SHOWN:]
+    if not recent:
+        text.append("  nothing yet — status changes, alerts and actions show here", style="dim")
+    for when, severity, line in recent:
+        stamp = time.strftime("%H:%M:%S", time.localtime(when))
+        text.append(f"\n{stamp} ", style="dim")
+        text.append(line, style=EVENT_STYLE.get(severity, ""))
+    return text
 
 
 class OverviewScreen(Screen):
@@ -28,6 +46,7 @@ class OverviewScreen(Screen):
             for i, node in enumerate(app.config.nodes, start=1):  # type: ignore[attr-defined]
                 yield NodeCard(node.name, node.role, i, app.clock)  # type: ignore[attr-defined]
         yield Static(id="cluster-alerts")
+        yield Static(id="events")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -60,6 +79,7 @@ class OverviewScreen(Screen):
         widget = self.query_one("#cluster-alerts", Static)
         widget.update(text)
         widget.display = bool(cluster)
+        self.query_one("#events", Static).update(events_text(app.events))  # type: ignore[attr-defined]
 
     def refresh_node(self, name: str) -> None:
         self.refresh_all()
