@@ -380,3 +380,117 @@ async def test_docker_logs_tail_and_timestamps():
     full = (await Shell(c, HEAD).capture("docker logs vllm-glm"))[0]
     rep = parse_vllm_log(full)
     assert rep.state == "ready" and rep.vllm_version == "0.14.1" and rep.port == 8000
+
+
+async def _tp2_ready(c):
+    """Ray across both nodes and a TP=2 Qwen3.5 engine, on the ``healthy`` cluster (weights and images
+    everywhere); returns (container, run) once it is ready."""
+    img = "vllm/vllm-openai:v0.17.0"
+    await sh(c, HEAD, f"docker run -d --name ray-head --network host {img} ray start --block --head "
+                      "--node-ip-address=192.168.200.12 --port=6379")
+    await sh(c, WORKER, f"docker run -d --name ray-worker --network host {img} ray start --block "
+                        "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
+    _, err, rc = await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} --tensor-parallel-size 2 "
+                                   "--gpu-memory-utilization 0.85 --max-model-len 65536 --served-model-name qwen35 "
+                                   "--distributed-executor-backend ray")
+    assert rc == 0, err
+    ct = next(x for x in c.containers if x.engine and x.engine.tp == 2)
+    run = ct.engine
+    assert run.ready_at is not None and run.nodes == (HEAD, WORKER)
+    c.clock.advance(run.ready_at + 1 - c.now())
+    return ct, run
+
+
+NCCL_WATCHDOG = re.compile(
+    r"^\(EngineCore_DP0 pid=\d+\) \(RayWorkerWrapper pid=(?P<pid>\d+), ip=192\.168\.200\.13\) "
+    r"\[rank1\]:\[E\d{3,4} \d\d:\d\d:\d\d\.\d{9} ProcessGroupNCCL\.cpp:\d+\] \[Rank 1\] Watchdog caught collective "
+    r"operation timeout: WorkNCCL\(SeqNum=\d+, OpType=ALLREDUCE, NumelIn=\d+, NumelOut=\d+, "
+    r"Timeout\(ms\)=600000\) ran for (?P<ms>600\d{3}) milliseconds before timing out\.$", re.M)
+
+
+@pytest.mark.parametrize("how", ["marked-lost", "lost-at-planned"])
+async def test_tp2_worker_lost_ends_in_the_nccl_watchdog_timeout(how):
+    c = cluster("healthy")
+    if how == "lost-at-planned":
+        # like the node-lost scenario: the worker's lost_at is known before the engine starts
+        c.nodes[WORKER].lost_at = 900.0
+    ct, run = await _tp2_ready(c)
+    assert run.ready_at < 900.0
+    c.clock.advance(900.0 - c.now())
+    if how == "marked-lost":
+        c.mark_lost(WORKER)
+    assert c.nodes[WORKER].lost(c.now()) and run.hung_at == 900.0
+    assert ct.running(c.now()) and run.failure == "nccl"
+
+    async def head_log() -> str:
+        out, _, rc = await sh(c, HEAD, f"docker logs '{ct.name}' 2>&1")  # the engine exec'd in ray-head
+        assert rc == 0
+        return out
+
+    # the collective hangs: nothing for ten minutes (no stats lines either), the engine still "up";
+    # a request waits on the hung engine until it dies
+    chat = asyncio.ensure_future(Shell(c, HEAD).capture(
+        "curl -sS http://localhost:8000/v1/chat/completions -H 'Content-Type: application/json' "
+        "-d '{\"model\": \"qwen35\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}'"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    c.clock.advance(599.0)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not chat.done()
+    log = await head_log()
+    assert "Watchdog" not in log and parse_vllm_log(log).state == "ready"
+    assert not [ln for ln in ct.log_lines(c.now()) if 900.0 < ln.t <= c.now()]
+    assert ct.running(c.now())
+
+    # after the NCCL timeout in sim time: PyTorch's watchdog, relayed by Ray from the lost rank
+    c.clock.advance(10.0)
+    log = await head_log()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert chat.done() and chat.result()[2] == 52
+    m = NCCL_WATCHDOG.search(log)
+    assert m, log[-3000:]
+    assert int(m["pid"]) == run.rank_pids[1]
+    watchdog_t = next(ln.t for ln in run.lines if "Watchdog caught" in ln.text)
+    assert 900.0 + 600.0 < watchdog_t < 900.0 + 602.0
+    assert "[rank0]:[E" in log  # the surviving rank times out on the same collective
+    assert "EngineCore encountered a fatal error." in log and "EngineDeadError" in log
+    assert "Finished server process" in log
+    rep = parse_vllm_log(log)
+    assert rep.state == "failed" and rep.failure_kind == "nccl"
+    assert rep.failure_node_ip == "192.168.200.13"
+    assert "Watchdog caught collective operation timeout" in rep.failure_line
+    # the engine is gone: its memory is back on the head, the port is closed, Ray has no GPUs in use
+    assert not ct.running(c.now())
+    assert c.memory(HEAD).available > 100 * GIB
+    _, _, rc = await sh(c, HEAD, "curl -s http://localhost:8000/health")
+    assert rc == 7
+    assert_memory_sane(c)
+
+
+async def test_tp2_worker_lost_before_nccl_is_up_times_out_in_the_rendezvous():
+    c = cluster("healthy")
+    img = "vllm/vllm-openai:v0.17.0"
+    await sh(c, HEAD, f"docker run -d --name ray-head --network host {img} ray start --block --head "
+                      "--node-ip-address=192.168.200.12 --port=6379")
+    await sh(c, WORKER, f"docker run -d --name ray-worker --network host {img} ray start --block "
+                        "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
+    await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} -tp 2 --gpu-memory-utilization 0.85")
+    run = next(x.engine for x in c.containers if x.engine and x.engine.tp == 2)
+    assert run.nccl_at is not None and run.nccl_at > c.now()
+    c.mark_lost(WORKER, run.started + 1.0)
+    c.clock.advance(run.started + 1.0 + 610.0 - c.now())
+    log = "\n".join(ln.text for ln in run.lines if ln.t <= c.now())
+    assert "DistStoreError: Timed out after 601 seconds waiting for clients. 1/2 clients joined." in log
+    assert "vLLM is using nccl" not in log and "Loading safetensors" not in log
+    rep = parse_vllm_log(log)
+    assert rep.state == "failed" and rep.failure_kind == "nccl"
+
+
+async def test_tp1_engines_do_not_care_about_a_lost_peer():
+    c = cluster()
+    c.mark_lost(WORKER, 10.0)
+    c.clock.advance(700.0)
+    for ct in c.containers_on(HEAD):
+        assert ct.running(c.now()) and ct.engine.failure is None and ct.engine.hung_at is None

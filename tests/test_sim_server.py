@@ -186,3 +186,18 @@ async def test_all_sections_parse_with_probe_of_every_node_in_every_scenario_qui
         assert states[HEAD].status is NodeStatus.UP
         assert states[WORKER].status is not NodeStatus.UP
     assert len(SECTIONS) > 10
+
+
+async def test_losing_a_node_at_run_time_freezes_it_and_the_model_agrees():
+    clock = SimClock.frozen()
+    async with start_demo_cluster(clock=clock) as demo:
+        clock.advance(30.0)
+        assert demo.sim.nodes[WORKER].lost_at is None
+        await demo.lose(WORKER)
+        assert demo.sim.nodes[WORKER].lost_at == 30.0 and demo.servers[WORKER].frozen
+        with pytest.raises((TimeoutError, asyncssh.Error, OSError)):
+            async with _connect(demo.config.node(WORKER), connect_timeout=1.5, login_timeout=1.5):
+                pass
+        async with _connect(demo.config.node(HEAD)) as conn:
+            r = await conn.run("hostname", check=True, timeout=5)
+            assert r.stdout.strip() == HEAD

@@ -244,6 +244,10 @@ class EngineRun:
     pid_api: int = 1
     epoch0: float = 0.0  # unix time of sim time 0 (for the dates in periodic lines)
     free_at_load: dict[str, float] = field(default_factory=dict)  # MemAvailable per node at load start
+    pid_core: int = 0  # the EngineCore_DP0 process
+    rank_pids: tuple[int, ...] = ()  # the Ray workers' pids, one per TP rank (same order as ``nodes``)
+    nccl_at: float | None = None  # TP>1: when the NCCL process group was up (collectives from then on)
+    hung_at: float | None = None  # a TP worker was lost: nothing progresses after this (NCCL hangs)
 
     def is_ready(self, t: float) -> bool:
         return (
@@ -324,6 +328,8 @@ def periodic_lines(run: EngineRun, since: float, until: float, limit: int | None
         return []
     start = max(run.ready_at, since)
     end = until if run.stopped_at is None else min(until, run.stopped_at)
+    if run.hung_at is not None:
+        end = min(end, run.hung_at)  # a lost TP worker: requests hang, no more stats lines
     if end <= start:
         return []
     from sparkconsole.sim import vllm_logs  # local import: vllm_logs imports this module
@@ -635,6 +641,19 @@ class SimCluster:
         available = max(0, min(MEM_TOTAL, free + reclaim))
         gpu = [(h, int(h.bytes_at(t))) for h in self._holders_on(node) if h.gpu and h.bytes_at(t) > 0]
         return MemSnapshot(MEM_TOTAL, free, available, cached, buffers, apps, gpu)
+
+    def mark_lost(self, node: str, t: float | None = None) -> None:
+        """``node`` stops answering at ``t`` (default now); TP engines spanning it hang on NCCL and die
+        when the collective's timeout runs out (see :func:`sparkconsole.sim.vllm_logs.worker_lost`)."""
+        t = self.now() if t is None else t
+        n = self.nodes[node]
+        if n.lost_at is not None and n.lost_at <= t:
+            return
+        n.lost_at = t
+        from sparkconsole.sim import vllm_logs  # local import: vllm_logs imports this module
+
+        for _c, e in self.all_engines():
+            vllm_logs.worker_lost(self, e, node, t)
 
     def drop_caches(self, node: str, t: float | None = None) -> None:
         self.nodes[node].drop_times.append(self.now() if t is None else t)

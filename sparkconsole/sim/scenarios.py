@@ -12,6 +12,8 @@ story      (default) the head ``spark-1a32`` runs GLM-4.7-Flash-NVFP4 in vLLM 0.
 healthy    idle nodes, nothing running; both images and the 122B weights on every node.
 link-down  ``story``, but the port-1 twins are Down (NO-CARRIER) on both nodes.
 node-lost  ``story``; the last node stops answering ``lost_after`` sim seconds in (default 20 s).
+           A TP=2 engine spanning it hangs on NCCL and dies with PyTorch's watchdog timeout 600 s
+           later (``SimCluster.mark_lost`` / ``DemoCluster.lose`` do the same at run time).
 old-image  ``story``, but only the 0.14 image exists on every node (Qwen3.5 needs >= 0.16).
 ========== =====================================================================================
 

@@ -19,7 +19,9 @@ command) gets a one-line notice: the sim is exec-only.
 ``node-lost``: once the node's ``lost_at`` sim time passes, the node stops answering: existing
 channels go silent (nothing more is written, incoming data is no longer read), and the listening
 port is taken over by a socket that accepts TCP connections but never sends an SSH banner, so new
-connections time out in the handshake like a frozen host.
+connections time out in the handshake like a frozen host. ``DemoCluster.lose(node)`` does the same
+at run time; either way the model is told (``SimCluster.mark_lost``), so TP engines spanning the
+node hang on their next NCCL collective and die when its timeout runs out.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class NodeServer:
         if self.frozen:
             return
         self.frozen = True
+        self.sim.mark_lost(self.node)  # the model agrees (TP engines spanning this node hang, then die)
         for conn in list(self.connections):
             transport = getattr(conn, "_transport", None)
             with contextlib.suppress(Exception):
@@ -256,6 +259,10 @@ class DemoCluster:
             out.append(f"{name}: ssh -i {self.key_path} -p {srv.port} -o UserKnownHostsFile={self.known_hosts_path} "
                        f"-o IdentitiesOnly=yes {DEMO_USER}@127.0.0.1")
         return out
+
+    async def lose(self, node: str) -> None:
+        """Mark ``node`` lost now: it stops answering over SSH and the model treats it as gone."""
+        await self.servers[node].freeze()
 
     async def stop(self) -> None:
         for srv in self.servers.values():

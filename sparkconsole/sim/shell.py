@@ -1463,6 +1463,13 @@ class Shell:
             if not silent or show_err:
                 io.err(f"curl: (7) Failed to connect to {host} port {port} after 0 ms: Couldn't connect to server\n")
             return 7
+        if (path.startswith("/v1/") and method == "POST" and run.hung_at is not None and self.now() >= run.hung_at
+                and run.failed_at is not None):
+            # a TP worker is lost: the request waits on the hung collective until the engine dies
+            await self.clock.sleep(max(0.0, run.failed_at - self.now()))
+            if not silent or show_err:
+                io.err("curl: (52) Empty reply from server\n")
+            return 52
         created = int(self.clock.epoch())
         status = "200 OK"
         if path == "/health":

@@ -292,7 +292,28 @@ def plan_serve(
     pid_api: int = 1,
     activity: float = 0.0,
 ) -> EngineRun:
-    """Plan one ``vllm serve`` run started at sim time ``t0`` in ``container`` on ``node``."""
+    """Plan one ``vllm serve`` run started at sim time ``t0`` in ``container`` on ``node``.
+
+    A TP worker's node that is already due to be lost (``lost_at`` set, as in the ``node-lost``
+    scenario) is applied to the plan at once: see :func:`worker_lost`."""
+    run = _plan_serve(cluster, node, container, version, args, t0, pid_api, activity)
+    losses = sorted((cluster.node(n).lost_at, n) for n in run.nodes[1:] if cluster.node(n).lost_at is not None)
+    if losses:
+        lost_at, name = losses[0]
+        worker_lost(cluster, run, name, max(lost_at, t0))
+    return run
+
+
+def _plan_serve(
+    cluster: SimCluster,
+    node: SimNode,
+    container: str,
+    version: str,
+    args: ServeArgs,
+    t0: float,
+    pid_api: int = 1,
+    activity: float = 0.0,
+) -> EngineRun:
     new = not version.startswith("0.14")
     sc = _Script(cluster, t0)
     api = f"(APIServer pid={pid_api}) "
@@ -302,7 +323,8 @@ def plan_serve(
     served = args.served_name or args.model
     run = EngineRun(model=args.model, served_name=served, version=version, port=args.port, tp=args.tp,
                     started=t0, lines=sc.lines, holders=[], reasoning_parser=args.reasoning_parser,
-                    activity=activity, nodes=(node.name,), pid_api=pid_api, epoch0=cluster.clock.epoch(0.0))
+                    activity=activity, nodes=(node.name,), pid_api=pid_api, epoch0=cluster.clock.epoch(0.0),
+                    pid_core=pid_core)
 
     def fail(dt: float, kind: str) -> EngineRun:
         run.failed_at = t0 + dt
@@ -456,6 +478,7 @@ def plan_serve(
             n = cluster.node(m.node)
             span_nodes.append((n, stable_int(200, 3000, n.name, t0, "raywrk")))
         run.nodes = tuple(n.name for n, _ in span_nodes)
+        run.rank_pids = tuple(pid for _, pid in span_nodes)
         t += 3.0
         for rank, (n, pid) in enumerate(span_nodes):
             pfx = core + (f"(RayWorkerWrapper pid={pid}) " if n is node
@@ -479,6 +502,7 @@ def plan_serve(
                                               "torch.distributed.init_process_group(")], msg, "nccl", pfx)
         sc.log(t, core + f"(RayWorkerWrapper pid={span_nodes[0][1]}) ", "INFO", "pynccl.py:111",
                "vLLM is using nccl==2.27.5")
+        run.nccl_at = t0 + t
     else:
         sc.log(t, core, "INFO", "parallel_state.py:1245",
                f"world_size=1 rank=0 local_rank=0 distributed_init_method=tcp://{node.lan_ip}:"
@@ -663,6 +687,142 @@ def plan_serve(
     run.ready_at = t0 + t + 0.2
     run.periodic = activity > 0
     return run
+
+
+# ---- a TP worker's node is lost -----------------------------------------------------------------
+
+NCCL_TIMEOUT_MS = 600_000  # torch.distributed's default for NCCL process groups (10 minutes)
+
+
+def _glog(cluster: SimCluster, t: float, level: str = "E") -> str:
+    """c10's glog-style stamp as PyTorch prints it: ``E219 08:58:32.606233339`` (month unpadded)."""
+    e = cluster.clock.epoch(t)
+    tm = time.gmtime(e)
+    nanos = int((e % 1.0) * 1e9) // 1000 * 1000 + stable_int(0, 1000, "ns", round(t, 6))
+    return f"{level}{tm.tm_mon}{tm.tm_mday:02d} {tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d}.{nanos:09d}"
+
+
+def worker_lost(cluster: SimCluster, run: EngineRun, node: str, t_lost: float) -> bool:
+    """Re-plan a TP>1 engine whose worker on ``node`` is lost at ``t_lost``; True if it changed.
+
+    Nothing the engine had planned after ``t_lost`` happens (its lines are dropped, it never
+    becomes ready if it was not yet). Once the NCCL group is up, the next collective (an
+    ALLREDUCE) never completes: after ``NCCL_TIMEOUT_MS`` of sim time each rank's watchdog logs
+    PyTorch's ``Watchdog caught collective operation timeout: WorkNCCL(...) ran for N milliseconds
+    before timing out.`` (as in ``tests/fixtures/real/vllm-logs/18-...``; the lost rank's lines
+    come first, relayed by Ray with its ``ip=``), takes its process down, the engine core dies with
+    Ray's ``ActorDiedError`` and the API server with ``EngineDeadError``. A worker lost before the
+    group is up leaves rank 0 waiting in the rendezvous: ``DistStoreError: Timed out after 601
+    seconds waiting for clients. 1/2 clients joined.`` The driver's own node is not handled (its
+    log is on that node, which no longer answers)."""
+    if run.tp < 2 or node not in run.nodes[1:] or t_lost < run.started or run.ended(t_lost):
+        return False
+    if run.hung_at is not None and run.hung_at <= t_lost:
+        return False
+    if not run.rank_pids or len(run.rank_pids) != len(run.nodes):
+        return False
+    run.lines[:] = [ln for ln in run.lines if ln.t <= t_lost]
+    if run.ready_at is not None and run.ready_at > t_lost:
+        run.ready_at = None
+    run.hung_at = t_lost
+    run.failed_at = None
+    run.failure = None
+    sc = _Script(cluster, 0.0)
+    api = f"(APIServer pid={run.pid_api}) "
+    core = f"(EngineCore_DP0 pid={run.pid_core}) "
+    driver = cluster.node(run.nodes[0])
+
+    def wrapper(rank: int) -> str:
+        n = cluster.node(run.nodes[rank])
+        pid = run.rank_pids[rank]
+        return core + (f"(RayWorkerWrapper pid={pid}) " if n is driver else f"(RayWorkerWrapper pid={pid}, "
+                                                                             f"ip={n.fast_ip}) ")
+
+    lost_rank = run.nodes.index(node)
+    if run.nccl_at is None or t_lost < run.nccl_at:
+        # the rendezvous: rank 0 hosts the TCPStore and waits for the lost rank to join
+        t_fail = max(t_lost, run.started) + 601.0
+        sc.log(t_fail - 0.2, wrapper(0), "ERROR", "worker_base.py:620", "Error executing method 'init_device'. "
+               "This might cause deadlock in distributed execution.")
+        sc.log(t_fail, core, "ERROR", "core.py:866", "EngineCore failed to start.")
+        sc.traceback(t_fail, core, [
+            (f"{PY}/vllm/v1/engine/core.py", 846, "run_engine_core", "engine_core = EngineCoreProc(*args, **kwargs)"),
+            (f"{PY}/vllm/v1/executor/ray_executor.py", 109, "_init_executor", "self._init_workers_ray(placement_group)"),
+            (f"{PY}/ray/_private/worker.py", 2962, "get", "values, debugger_breakpoint = worker.get_objects("),
+        ], f"ray.exceptions.RayTaskError(DistStoreError): ray::RayWorkerWrapper.execute_method() "
+           f"(pid={run.rank_pids[0]}, ip={driver.fast_ip}, actor_id={stable_hex(32, 'actor', run.started)})\n"
+           "torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. "
+           f"{run.tp - 1}/{run.tp} clients joined.", level_src="core.py:866")
+        sc.raw(t_fail + 0.4, f"{api}RuntimeError: Engine core initialization failed. See root cause above. "
+               "Failed core proc(s): {}")
+        end = t_fail + 0.6
+    else:
+        t_op = t_lost + 0.05 + 1.5 * _hash01("op", run.started, t_lost)
+        ran_ms = NCCL_TIMEOUT_MS + stable_int(5, 95, "ran", run.started, t_lost)
+        t_fail = t_op + ran_ms / 1000.0
+        busy = max(0.0, t_lost - run.nccl_at)
+        seq = 31 + stable_int(0, 20, "seq", run.started) + int(busy * 3.0)
+        numel = 3072 * stable_int(1, 64, "numel", run.started, t_lost)
+        work = (f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, "
+                f"Timeout(ms)={NCCL_TIMEOUT_MS}) ran for {ran_ms} milliseconds before timing out.")
+        order = [lost_rank] + [r for r in range(run.tp) if r != lost_rank]
+        for k, rank in enumerate(order):
+            dt = t_fail + 0.001 * k
+            pg = f"[PG ID 2 PG GUID 3 Rank {rank}]"
+            msgs = [
+                f"ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog caught collective operation timeout: {work}",
+                f"ProcessGroupNCCL.cpp:1785] {pg} Exception (either an error or timeout) detected by watchdog at "
+                f"work: {seq}, last enqueued NCCL work: {seq + 27}, last completed NCCL work: {seq - 1}.",
+                f"ProcessGroupNCCL.cpp:1834] {pg} Timeout at NCCL work: {seq}, last enqueued NCCL work: {seq + 27}, "
+                f"last completed NCCL work: {seq - 1}.",
+                f"ProcessGroupNCCL.cpp:630] [Rank {rank}] Some NCCL operations have failed or timed out. Due to the "
+                "asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete "
+                "data.",
+                f"ProcessGroupNCCL.cpp:636] [Rank {rank}] To avoid data inconsistency, we are taking the entire "
+                "process down.",
+            ]
+            for j, msg in enumerate(msgs):
+                stamp_t = dt + 0.000021 * j + 0.0000007 * (j * j)
+                sc.raw(dt, f"{wrapper(rank)}[rank{rank}]:[{_glog(cluster, stamp_t)} {msg}")
+        lost = cluster.node(node)
+        actor = stable_hex(32, "actor", run.started, node)
+        t_dead = t_fail + 2.4
+        sc.log(t_dead, core, "ERROR", "core.py:933", "EngineCore encountered a fatal error.")
+        sc.traceback(t_dead, core, [
+            (f"{PY}/vllm/v1/engine/core.py", 924, "run_engine_core", "engine_core.run_busy_loop()"),
+            (f"{PY}/vllm/v1/engine/core.py", 951, "run_busy_loop", "self._process_engine_step()"),
+            (f"{PY}/vllm/v1/engine/core.py", 984, "_process_engine_step",
+             "outputs, model_executed = self.step_fn()"),
+            (f"{PY}/vllm/v1/executor/ray_executor.py", 412, "execute_model", "return refs[0].get()"),
+        ], "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+           "\tclass_name: RayWorkerWrapper\n"
+           f"\tactor_id: {actor}\n"
+           f"\tpid: {run.rank_pids[lost_rank]}\n"
+           f"\tip: {lost.fast_ip}\n"
+           "The actor is dead because its node has died. Node Id: "
+           f"{stable_hex(56, 'raynode', node)}", level_src="core.py:933")
+        sc.log(t_dead + 0.1, api, "ERROR", "async_llm.py:525", "AsyncLLM output_handler failed.")
+        sc.traceback(t_dead + 0.1, api, [
+            (f"{PY}/vllm/v1/engine/async_llm.py", 477, "output_handler",
+             "outputs = await engine_core.get_output_async()"),
+            (f"{PY}/vllm/v1/engine/core_client.py", 894, "get_output_async", "raise self._format_exception(outputs) "
+             "from None"),
+        ], "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+           "for the root cause.", level_src="async_llm.py:525")
+        sc.log(t_dead + 0.3, core, "INFO", "ray_executor.py:121", "Shutting down Ray distributed executor. If you see "
+               "error log from logging.cc regarding SIGTERM received, please ignore because this is the expected "
+               "termination process in Ray.")
+        for i, text in enumerate(("Shutting down", "Waiting for application shutdown.",
+                                  "Application shutdown complete.", f"Finished server process [{run.pid_api}]")):
+            sc.raw(t_dead + 0.5 + 0.01 * i, f"{api}INFO:     {text}")
+        end = t_dead + 0.6
+    run.lines.extend(sc.lines)
+    run.failed_at = end
+    run.failure = "nccl"
+    for h in run.holders:
+        if h.curve.end is None or h.curve.end > end:
+            h.curve.end = end
+    return True
 
 
 def _prefix(core: str, n: SimNode, driver: SimNode, pid: int, tp: int) -> str:
