@@ -168,6 +168,9 @@ class Tmux:
 
     def kill(self) -> None:
         self.tmux("kill-server", check=False)
+        # tmux leaves its socket file behind; it is ours (a name no one else uses), so remove it
+        base = Path(self.env.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}" / self.socket
+        base.unlink(missing_ok=True)
 
 
 @contextmanager
