@@ -494,3 +494,16 @@ async def test_tp1_engines_do_not_care_about_a_lost_peer():
     c.clock.advance(700.0)
     for ct in c.containers_on(HEAD):
         assert ct.running(c.now()) and ct.engine.failure is None and ct.engine.hung_at is None
+
+
+async def test_systemctl_show_speaks_systemds_format():
+    from sparkconsole.remote import systemctl_show
+    from sparkconsole.services import parse_systemctl_show
+
+    c = cluster()
+    out, _, rc = await Shell(c, HEAD).capture(systemctl_show(["ollama", "nvidia-dgx-dashboard", "nope"]).shell())
+    assert rc == 0
+    assert out.split("\n\n")[0] == "Id=ollama.service\nLoadState=loaded\nActiveState=inactive\nSubState=dead"
+    units = {u.name: u for u in parse_systemctl_show(out, ["ollama", "nvidia-dgx-dashboard", "nope"])}
+    assert units["nvidia-dgx-dashboard"].state == "active" and units["nvidia-dgx-dashboard"].detail == "running"
+    assert units["nope"].loaded is False

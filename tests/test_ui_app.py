@@ -353,3 +353,27 @@ async def test_m_opens_the_memory_planner_with_live_node_memory(tmp_path):
         assert abs(result.memory_gib - 119.7) < 0.1  # the sim's MemTotal, not the 121.69 default
         await pilot.press("escape")
         assert isinstance(app.screen, OverviewScreen)
+
+
+async def test_a_systemd_unit_is_started_from_the_detail(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        assert "ollama" in app.config.services
+        await pilot.press("1")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        await _select(app, pilot, "ollama")
+        table = app.screen.query_one("#containers-table", DataTable)
+        row = [str(c) for c in table.get_row_at(table.cursor_row)]
+        assert row[1] == "unit" and row[3] == "inactive"
+        await pilot.press("S")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await run_actions(pilot, app)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert next(u for u in app.screen.units if u.name == "ollama").state == "active"
+        (entry,) = read_journal(tmp_path / "journal.jsonl")
+        assert entry.command == "sudo -n systemctl start ollama" and entry.exit_code == 0

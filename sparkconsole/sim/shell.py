@@ -708,6 +708,8 @@ class Shell:
         return self.cluster.units[self.node_name]  # type: ignore[attr-defined]
 
     async def c_systemctl(self, argv: list[str], io: IO) -> int:
+        if "show" in argv[1:2]:
+            return self._systemctl_show(argv[2:], io)
         args = [a for a in argv[1:] if not a.startswith("-")]
         if len(args) < 2:
             io.err("Too few arguments.\n")
@@ -732,6 +734,36 @@ class Shell:
             return 0 if st == "active" else 3
         io.err(f"Unknown command verb '{action}'.\n")
         return 1
+
+    def _systemctl_show(self, rest: list[str], io: IO) -> int:
+        """``systemctl show [--no-pager] -p A,B [--] UNIT...``: KEY=value blocks, a blank line apart."""
+        props: list[str] = []
+        units: list[str] = []
+        it = iter(rest)
+        for arg in it:
+            if arg in ("-p", "--property"):
+                props += next(it, "").split(",")
+            elif arg.startswith("--property="):
+                props += arg.split("=", 1)[1].split(",")
+            elif arg == "--" or arg.startswith("-"):
+                continue
+            else:
+                units.append(arg)
+        blocks = []
+        for unit in units:
+            name = unit if "." in unit else f"{unit}.service"
+            state = self.units.get(unit.removesuffix(".service"))
+            values = {
+                "Id": name,
+                "LoadState": "loaded" if state is not None else "not-found",
+                "ActiveState": state or "inactive",
+                "SubState": "running" if state == "active" else "dead",
+            }
+            # systemd prints the properties in its own order, whatever the order asked for
+            blocks.append("".join(f"{k}={values[k]}\n" for k in ("Id", "LoadState", "ActiveState", "SubState")
+                                  if not props or k in props))
+        io.out("\n".join(blocks))
+        return 0
 
     async def c_journalctl(self, argv: list[str], io: IO) -> int:
         unit = _opt_val(argv, "-u", "")
