@@ -33,6 +33,7 @@ async def overview(pilot, app) -> None:
 async def node_detail(pilot, app) -> None:
     await started(pilot, app, ticks=8)
     await pilot.press("1")
+    await app.workers.wait_for_complete()  # the configured units are read on open
     await pilot.pause()
 
 

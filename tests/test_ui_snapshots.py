@@ -82,6 +82,7 @@ def test_node_detail(snap_compare, tmp_path):
     async def run_before(pilot):
         await started(pilot, app, ticks=8)
         await pilot.press("1")
+        await app.workers.wait_for_complete()  # the configured units are read on open
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
