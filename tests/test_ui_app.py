@@ -377,3 +377,25 @@ async def test_a_systemd_unit_is_started_from_the_detail(tmp_path):
         assert next(u for u in app.screen.units if u.name == "ollama").state == "active"
         (entry,) = read_journal(tmp_path / "journal.jsonl")
         assert entry.command == "sudo -n systemctl start ollama" and entry.exit_code == 0
+
+
+async def test_palette_merges_one_containers_logs_from_both_nodes(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"merged log of embeddings")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        screen = app.screen
+        assert isinstance(screen, LogScreen)
+        for _ in range(100):
+            app.demo.sim_clock.advance(1.0)
+            await pilot.pause(0.02)
+            if {line.source for line in screen.buffer.lines} >= {"spark-1a32", "spark-5be3"}:
+                break
+        sources = {line.source for line in screen.buffer.lines}
+        assert sources >= {"spark-1a32", "spark-5be3"}
+        stamped = [line.timestamp for line in screen.buffer.lines if line.timestamp]
+        assert stamped and stamped[-20:] == sorted(stamped[-20:])  # interleaved by time

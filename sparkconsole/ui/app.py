@@ -28,7 +28,7 @@ from textual.worker import Worker, WorkerState
 from sparkconsole.config import ClusterConfig, NodeConfig, state_dir
 from sparkconsole.errors import UserError
 from sparkconsole.journal import Journal
-from sparkconsole.logs.follow import LogFollower, docker_follow, journal_follow
+from sparkconsole.logs.follow import LogFollower, docker_follow, journal_follow, merge_by_time
 from sparkconsole.probe.alerts import Alert, cluster_alerts
 from sparkconsole.probe.poller import ClusterPoller
 from sparkconsole.probe.state import NodeState, NodeStatus
@@ -84,6 +84,16 @@ class NodeCommands(Provider):
                     entries.append((f"{action.capitalize()} {c.name} on {node.name}",
                                     partial(app.run_service_action, node.name, svc, action),
                                     f"docker {_docker_verb(action)} {c.name} (asks first)"))
+        shared: dict[str, list[str]] = {}
+        for node in app.config.nodes:
+            sample = app.node_state(node.name).sample
+            for c in sample.containers if sample else ():
+                if c.name:
+                    shared.setdefault(c.name, []).append(node.name)
+        for container, nodes in shared.items():
+            if len(nodes) > 1:
+                entries.append((f"Merged log of {container} on {', '.join(nodes)}",
+                                partial(app.open_merged_logs, container, nodes), "interleaved by time"))
         for name, callback, help_text in entries:
             score = matcher.match(name)
             if score > 0:
@@ -368,6 +378,16 @@ class SparkConsoleApp(App[int]):
         transport = self.poller.pollers[node].transport
         command = docker_follow(service.name) if service.kind == "container" else journal_follow(service.name)
         self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command)))
+
+    def open_merged_logs(self, container: str, nodes: list[str]) -> None:
+        """One deployment's logs on several nodes (head and workers), interleaved by time."""
+        assert self.poller is not None
+        transports = {n: self.poller.pollers[n].transport for n in nodes}
+
+        def factory():
+            return merge_by_time([LogFollower(t, docker_follow(container), source=n) for n, t in transports.items()])
+
+        self.push_screen(LogScreen(" + ".join(nodes), container, factory))
 
     def action_planner(self) -> None:
         from sparkconsole.ui.screens.planner import PlannerScreen
