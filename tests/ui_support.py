@@ -78,3 +78,72 @@ async def run_actions(pilot, app: SparkConsoleApp, step: float = 0.5, limit: int
         app.demo.sim_clock.advance(step)
         await pilot.pause(0.02)
     raise TimeoutError("a service action did not finish")
+
+
+# ---- scenes: the screens the snapshot tests check and scripts/screenshots saves ------------
+
+async def overview(pilot, app) -> None:
+    await started(pilot, app, ticks=12)
+
+
+async def node_detail(pilot, app) -> None:
+    await started(pilot, app, ticks=8)
+    await pilot.press("1")
+    await app.workers.wait_for_complete()  # the configured units are read on open
+    await pilot.pause()
+
+
+async def help_screen(pilot, app) -> None:
+    await started(pilot, app, ticks=4)
+    await pilot.press("question_mark")
+    await pilot.pause()
+
+
+async def node_down(pilot, app) -> None:
+    await wait_ready(pilot, app)
+    for p in app.poller.pollers.values():
+        p.tick_timeout = 0.5
+    await poll_ticks(pilot, app, ticks=8)
+    app.demo.sim_clock.advance(30)
+    await poll_ticks(pilot, app, ticks=3)
+
+
+async def link_down(pilot, app) -> None:
+    await started(pilot, app, ticks=8)
+
+
+async def confirm_restart(pilot, app) -> None:
+    await started(pilot, app, ticks=4)
+    await pilot.press("1")
+    await pilot.pause()
+    table = app.screen.query_one("#containers-table")
+    for row in range(table.row_count):
+        if table.get_row_at(row)[0] == "vllm-glm":
+            table.move_cursor(row=row)
+    await pilot.press("R")
+    await pilot.pause(0.2)
+
+
+async def weights_loading(pilot, app) -> None:
+    await confirm_restart(pilot, app)
+    await pilot.press("y")
+    await run_actions(pilot, app)
+    app.clear_notifications()
+    await pilot.press("l")
+    await pilot.pause(0.3)
+    screen = app.screen
+    for _ in range(600):
+        r = screen.tracker.report
+        if r.shards_total and r.shards_done is not None and r.shards_done / r.shards_total >= 0.4:
+            break
+        app.demo.sim_clock.advance(0.25)
+        await pilot.pause(0.01)
+    await pilot.pause(0.2)
+
+
+async def planner(pilot, app) -> None:
+    await started(pilot, app, ticks=2)
+    await pilot.press("m")
+    await pilot.pause(0.2)
+    await app.workers.wait_for_complete()
+    await pilot.pause(0.2)
