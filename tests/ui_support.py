@@ -115,6 +115,7 @@ async def link_down(pilot, app) -> None:
 async def confirm_restart(pilot, app) -> None:
     await started(pilot, app, ticks=4)
     await pilot.press("1")
+    await app.workers.wait_for_complete()
     await pilot.pause()
     table = app.screen.query_one("#containers-table")
     for row in range(table.row_count):
