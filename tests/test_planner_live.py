@@ -288,3 +288,14 @@ def test_plan_demo_uses_the_simulated_nodes(capsys) -> None:
     gib = float(first.split()[2])
     assert 100 < gib < 130
     assert f"0.85 x {gib:.2f} GiB" in " ".join(j["reasons"])
+
+
+def test_plan_a_configured_cluster_needs_no_flag(sshd: LabSshd, tmp_path: Path, capsys, monkeypatch) -> None:
+    """"Node memory from the live node when a cluster is configured": $SPARKCONSOLE_CONFIG is enough."""
+    cfg = write_config(tmp_path / "cluster.toml", sshd.node_config("spark-lab"))
+    monkeypatch.setenv("SPARKCONSOLE_CONFIG", str(cfg))
+    rc, j, err = plan_json(capsys, Q122, "--tp", "2")
+    assert rc == (0 if j["fits"] else 1), err
+    mem = memtotal_gib()
+    assert any(r.startswith(f"node memory {mem:.2f} GiB from the live nodes") for r in j["reasons"])
+    assert j["kv_cache_gib_per_node"] == pytest.approx(round(kv_gib_for(mem), 3), abs=1e-3)

@@ -90,8 +90,18 @@ _CLUSTER_FLAGS = ("config", "host", "local", "demo")
 
 
 def wants_live_memory(args: argparse.Namespace) -> bool:
-    """A cluster was named on the command line and --node-memory-gib was not given."""
-    return args.node_memory_gib is None and any(getattr(args, k, None) for k in _CLUSTER_FLAGS)
+    """Node memory comes from the live nodes when a cluster is configured (named on the command
+    line, or found by the usual config search) and --node-memory-gib was not given."""
+    if args.node_memory_gib is not None:
+        return False
+    if any(getattr(args, k, None) for k in _CLUSTER_FLAGS):
+        return True
+    from sparkconsole.config import config_search
+
+    try:
+        return config_search(None) is not None
+    except Exception:
+        return False
 
 
 async def _live_memory(args: argparse.Namespace) -> LiveMemory:
