@@ -399,3 +399,32 @@ async def test_palette_merges_one_containers_logs_from_both_nodes(tmp_path):
         assert sources >= {"spark-1a32", "spark-5be3"}
         stamped = [line.timestamp for line in screen.buffer.lines if line.timestamp]
         assert stamped and stamped[-20:] == sorted(stamped[-20:])  # interleaved by time
+
+
+async def test_D_removes_an_exited_container_only(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("1")
+        await _select(app, pilot, "reranker")
+        await pilot.press("D")  # running: remove is refused before any dialog
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        app.debouncer.reset()
+        await pilot.press("s")
+        await pilot.pause()
+        await pilot.press("y")
+        await run_actions(pilot, app)
+        await poll_ticks(pilot, app, ticks=1)
+        app.debouncer.reset()
+        await _select(app, pilot, "reranker")
+        await pilot.press("D")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await run_actions(pilot, app)
+        await poll_ticks(pilot, app, ticks=1)
+        head = app.node_state("spark-1a32").sample
+        assert "reranker" not in {c.name for c in head.containers}
+        commands = [e.command for e in read_journal(tmp_path / "journal.jsonl")]
+        assert commands == ["docker stop reranker", "docker rm reranker"]
