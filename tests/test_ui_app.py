@@ -428,3 +428,12 @@ async def test_D_removes_an_exited_container_only(tmp_path):
         assert "reranker" not in {c.name for c in head.containers}
         commands = [e.command for e in read_journal(tmp_path / "journal.jsonl")]
         assert commands == ["docker stop reranker", "docker rm reranker"]
+
+
+async def test_a_demo_that_cannot_start_is_one_line_not_a_traceback(tmp_path):
+    app = demo_app(tmp_path, scenario="no-such-scenario")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+    assert app.return_code == 2
+    assert app.startup_error.startswith("the demo cluster did not start:")
+    assert "\n" not in app.startup_error

@@ -68,7 +68,7 @@ class NodePoller:
             self._process = await self.transport.open_process(probe_command())
         return self._process
 
-    async def _read_tick(self, process: LongProcess, seq_hint: int) -> list[str]:
+    async def _read_tick(self, process: LongProcess) -> list[str]:
         lines: list[str] = []
         started = False
         while True:
@@ -105,7 +105,7 @@ class NodePoller:
             try:
                 process = await asyncio.wait_for(self._ensure_process(), self.tick_timeout)
                 await process.write_line(" ".join(wanted))
-                lines = await asyncio.wait_for(self._read_tick(process, self._tick), self.tick_timeout)
+                lines = await asyncio.wait_for(self._read_tick(process), self.tick_timeout)
             except asyncio.CancelledError:
                 await self._drop_process()
                 raise
@@ -178,8 +178,6 @@ class ClusterPoller:
         self.pollers = {
             n.name: NodePoller(n, factory(n), interval=interval, clock=clock) for n in config.nodes
         }
-        self._paused = False
-        self._wake = asyncio.Event()
 
     @property
     def states(self) -> list[NodeState]:
@@ -191,15 +189,11 @@ class ClusterPoller:
     async def _run_node(self, poller: NodePoller, on_update: Callable[[NodeState], None] | None) -> None:
         while True:
             started = time.monotonic()
-            if not self._paused:
-                state = await poller.poll_once()
-                if on_update is not None:
-                    on_update(state)
-            delay = max(0.0, self.interval - (time.monotonic() - started))
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay)
-            except TimeoutError:
-                pass
+            state = await poller.poll_once()
+            if on_update is not None:
+                on_update(state)
+            # the next poll is armed only now that this one has finished
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     async def run(self, on_update: Callable[[NodeState], None] | None = None) -> None:
         """Poll every node forever; each node re-arms its next poll when the last one ends."""

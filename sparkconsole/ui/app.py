@@ -156,7 +156,12 @@ class SparkConsoleApp(App[int]):
                                       "speed": self.demo.speed}
             if self.demo.sim_clock is not None:
                 kwargs["clock"] = self.demo.sim_clock
-            self.demo_cluster = await self._stack.enter_async_context(start_demo_cluster(**kwargs))
+            try:
+                self.demo_cluster = await self._stack.enter_async_context(start_demo_cluster(**kwargs))
+            except Exception as exc:  # a bad scenario, no free port...: one line, not a traceback
+                self.startup_error = f"the demo cluster did not start: {exc}"
+                self.exit(return_code=2)
+                return
             self.config = self.demo_cluster.config
             if self.demo.read_only:
                 self.config = replace(self.config, read_only=True)
