@@ -126,9 +126,14 @@ def gpu_processes_line(sample: NodeSample) -> Text:
     if not sample.gpu_processes:
         text.append("none", style="dim")
         return text
-    procs = sorted(sample.gpu_processes, key=lambda p: -(p.memory_mib or 0))
-    text.append(" · ".join(f"{p.name or p.pid} {fmt((p.memory_mib or 0) / 1024 if p.memory_mib is not None else None, ' GiB', 1)}"
-                           for p in procs[:3]))
+    groups: dict[str, list[float | None]] = {}
+    for p in sorted(sample.gpu_processes, key=lambda p: -(p.memory_mib or 0)):
+        groups.setdefault(p.name or f"pid {p.pid}", []).append(p.memory_mib)
+    parts = []
+    for name, sizes in groups.items():
+        gibs = " + ".join(fmt(m / 1024 if m is not None else None, "", 1) for m in sizes)
+        parts.append(f"{name} ×{len(sizes)} ({gibs} GiB)" if len(sizes) > 1 else f"{name} {gibs} GiB")
+    text.append(" · ".join(parts))
     return text
 
 
