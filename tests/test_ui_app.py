@@ -437,3 +437,24 @@ async def test_a_demo_that_cannot_start_is_one_line_not_a_traceback(tmp_path):
     assert app.return_code == 2
     assert app.startup_error.startswith("the demo cluster did not start:")
     assert "\n" not in app.startup_error
+
+
+async def test_a_units_log_follows_journalctl(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("1")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        await _select(app, pilot, "nvidia-dgx-dashboard")
+        await pilot.press("l")
+        await pilot.pause(0.3)
+        screen = app.screen
+        assert isinstance(screen, LogScreen)
+        for _ in range(50):
+            if len(screen.buffer):
+                break
+            app.demo.sim_clock.advance(1.0)
+            await pilot.pause(0.05)
+        assert len(screen.buffer) > 0
+        assert screen.tracker.report.state == "unknown"  # not a vLLM log: the panel says nothing
