@@ -80,6 +80,16 @@ async def run_actions(pilot, app: SparkConsoleApp, step: float = 0.5, limit: int
     raise TimeoutError("a service action did not finish")
 
 
+async def settle_log(pilot, screen, rounds: int = 40) -> None:
+    """Wait until the followed log stops growing (lines printed so far have arrived)."""
+    last = -1
+    for _ in range(rounds):
+        await pilot.pause(0.01)
+        if len(screen.buffer) == last:
+            return
+        last = len(screen.buffer)
+
+
 # ---- scenes: the screens the snapshot tests check and scripts/screenshots saves ------------
 
 async def overview(pilot, app) -> None:
@@ -138,7 +148,7 @@ async def weights_loading(pilot, app) -> None:
         if r.shards_total and r.shards_done is not None and r.shards_done / r.shards_total >= 0.4:
             break
         app.demo.sim_clock.advance(0.25)
-        await pilot.pause(0.01)
+        await settle_log(pilot, screen)
     await pilot.pause(0.2)
 
 
