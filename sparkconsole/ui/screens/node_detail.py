@@ -110,7 +110,11 @@ class NodeDetailScreen(Screen):
             text.append(f"{value}\n")
         if sample.unknown:
             text.append("\nnot read\n", style="bold")
+            said: set[str] = set()
             for key, reason in sample.unknown.items():
+                if reason in said:  # the table and the query often give the same reason
+                    continue
+                said.add(reason)
                 text.append(f"{key}: ", style="dim")
                 text.append(f"{reason}\n")
         return text
