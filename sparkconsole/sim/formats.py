@@ -488,7 +488,7 @@ def docker_stats_json(c: SimCluster, node: str, t: float) -> str:
         if not ct.running(t):
             continue
         mem = ct.host_rss * (0.97 + 0.03 * (1 + _n(c, ct.name, t)) / 2)
-        cpu = 0.4 + (98.0 * c.gpu_activity(node, t) if ct.engine is not None else 0.0) + 0.3 * (1 + _n(c, ct.name + "c", t))
+        cpu = 0.4 + 98.0 * c.engine_activity(ct, node, t) + 0.3 * (1 + _n(c, ct.name + "c", t))
         net = (t - (ct.started or 0.0)) * 41_000
         d = {"BlockIO": f"{_hsize(2.1e9, False)} / {_hsize(3.4e6, False)}", "CPUPerc": f"{cpu:.2f}%",
              "Container": ct.id[:12], "ID": ct.id[:12], "MemPerc": f"{100 * mem / m.total:.2f}%",

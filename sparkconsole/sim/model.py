@@ -688,21 +688,22 @@ class SimCluster:
         return used
 
     # -- gpu telemetry --
+    def engine_activity(self, c: Container, node: str, t: float) -> float:
+        """0..1: how busy one container's engine keeps the GPU of ``node``."""
+        e = c.engine
+        if e is None or not c.running(t) or node not in (e.nodes or (c.node,)):
+            return 0.0
+        if e.is_ready(t):
+            if e.activity > 0:
+                k = math.floor((t - e.ready_at) / 10.0) if e.ready_at is not None else 0
+                if _hash01("slot", e.model, e.started, k) < e.activity:
+                    return 0.55 + 0.35 * (noise(self.seed, node + e.model, t, 2.0) + 1) / 2
+            return 0.0
+        return 0.0 if e.ended(t) else 0.25  # loading / profiling / compiling
+
     def gpu_activity(self, node: str, t: float) -> float:
         """0..1: how busy the GPU is (loading, profiling, capturing graphs, serving)."""
-        act = 0.0
-        for c in self.containers:
-            e = c.engine
-            if e is None or not c.running(t) or node not in (e.nodes or (c.node,)):
-                continue
-            if e.is_ready(t):
-                if e.activity > 0:
-                    k = math.floor((t - e.ready_at) / 10.0) if e.ready_at is not None else 0
-                    busy = _hash01("slot", e.model, e.started, k) < e.activity
-                    if busy:
-                        act += 0.55 + 0.35 * (noise(self.seed, node + e.model, t, 2.0) + 1) / 2
-            elif not e.ended(t):
-                act += 0.25  # loading / profiling / compiling
+        act = sum(self.engine_activity(c, node, t) for c in self.containers)
         return max(0.0, min(1.0, act))
 
     def gpu_util(self, node: str, t: float | None = None) -> int:
