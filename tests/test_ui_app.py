@@ -459,3 +459,30 @@ async def test_a_units_log_follows_journalctl(tmp_path):
             await pilot.pause(0.05)
         assert len(screen.buffer) > 0
         assert screen.tracker.report.state == "unknown"  # not a vLLM log: the panel says nothing
+
+
+async def test_a_stuck_poll_is_cancelled_and_said(tmp_path):
+    """A poll that outlives its own time budget (a wedged channel, say) never stalls the node."""
+    import asyncio
+    import time
+
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        poller = app.poller.pollers["spark-5be3"]
+
+        async def hang():
+            await asyncio.Event().wait()
+
+        poller.poll_once = hang
+        app.poll_node("spark-5be3")
+        await pilot.pause()
+        assert app._poll_started["spark-5be3"]
+        app._poll_started["spark-5be3"] = time.monotonic() - poller.tick_timeout - 11
+        app._tick_ages()
+        for _ in range(20):
+            await pilot.pause(0.05)
+        state = app.node_state("spark-5be3")
+        assert state.status is NodeStatus.STALE and "probe stuck" in state.reason
+        assert not any(w.group == "poll:spark-5be3" and not w.is_finished for w in app.workers)
+        assert any("probe stuck" in text for _, _, text in app.events)

@@ -85,6 +85,11 @@ class NodePoller:
             if started:
                 lines.append(line)
 
+    async def _tick_lines(self, wanted: tuple[str, ...]) -> list[str]:
+        process = await self._ensure_process()
+        await process.write_line(" ".join(wanted))
+        return await self._read_tick(process)
+
     async def _drop_process(self) -> None:
         proc, self._process = self._process, None
         if proc is not None:
@@ -103,9 +108,9 @@ class NodePoller:
             wanted = sections_for_tick(self._tick if state.sample is not None else 0)
             started = time.monotonic()
             try:
-                process = await asyncio.wait_for(self._ensure_process(), self.tick_timeout)
-                await process.write_line(" ".join(wanted))
-                lines = await asyncio.wait_for(self._read_tick(process), self.tick_timeout)
+                # one time budget for the whole tick: connecting, writing the request (a drain can
+                # block on a wedged channel) and reading the answer
+                lines = await asyncio.wait_for(self._tick_lines(wanted), self.tick_timeout)
             except asyncio.CancelledError:
                 await self._drop_process()
                 raise

@@ -133,6 +133,8 @@ class SparkConsoleApp(App[int]):
         self.paused = False
         self.poller: ClusterPoller | None = None
         self._poll_timers: dict[str, Timer] = {}
+        self._poll_started: dict[str, float] = {}  # monotonic start of the poll in flight, per node
+        self._watchdog_cancelled: set[str] = set()
         self._stack = contextlib.AsyncExitStack()
         self.demo_cluster: Any = None
         self.startup_error: str | None = None
@@ -191,7 +193,6 @@ class SparkConsoleApp(App[int]):
 
     # ---- polling --------------------------------------------------------------------------------
 
-    @work(exit_on_error=False, description="poll one node")
     async def _poll(self, name: str) -> str:
         assert self.poller is not None
         if not self.paused:
@@ -206,8 +207,9 @@ class SparkConsoleApp(App[int]):
         timer = self._poll_timers.pop(name, None)
         if timer is not None:
             timer.stop()
-        worker = self._poll(name)
-        worker.group = group
+        self._poll_started[name] = time.monotonic()
+        self.run_worker(self._poll(name), name=group, group=group, exit_on_error=False,
+                        description=f"poll {name}")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place poll workers end: show the result, then arm the next poll."""
@@ -215,11 +217,17 @@ class SparkConsoleApp(App[int]):
         if not worker.group.startswith("poll:"):
             return
         name = worker.group.split(":", 1)[1]
+        if event.state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+            self._poll_started.pop(name, None)
+        if event.state is WorkerState.CANCELLED:
+            if name not in self._watchdog_cancelled:
+                return  # the app is closing
+            self._watchdog_cancelled.discard(name)
         if event.state is WorkerState.ERROR and self.poller is not None:
             state = self.poller.pollers[name].state
             state.status = NodeStatus.DOWN if state.sample is None else NodeStatus.STALE
             state.reason = f"internal error while polling: {worker.error}"
-        if event.state in (WorkerState.SUCCESS, WorkerState.ERROR):
+        if event.state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
             self._note_changes(name)
             self._show_node(name)
             if self.is_running and self.autopoll:
@@ -254,7 +262,19 @@ class SparkConsoleApp(App[int]):
     def _tick_ages(self) -> None:
         if self.poller is None:
             return
+        now = time.monotonic()
         for name, p in self.poller.pollers.items():
+            started = self._poll_started.get(name)
+            if started is not None and now - started > p.tick_timeout + 10.0:
+                # a poll that outlived its own time budget is stuck somewhere: cancel it, say so,
+                # and let its end arm a fresh one
+                p.state.status = NodeStatus.STALE if p.state.sample is not None else NodeStatus.DOWN
+                p.state.reason = f"probe stuck for {now - started:.0f} s; restarting it"
+                self._watchdog_cancelled.add(name)
+                self._poll_started.pop(name, None)
+                for w in self.workers:
+                    if w.group == f"poll:{name}" and not w.is_finished:
+                        w.cancel()
             p.refresh_staleness()
             self._note_changes(name)
         screen = self.screen

@@ -7,6 +7,7 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
@@ -38,6 +39,8 @@ class OverviewScreen(Screen):
     BINDINGS = OVERVIEW_BINDINGS
     HELP = "Every node at a glance. Enter or a number opens a node; ? lists every key."
 
+    _ready = False  # polls may finish between the push and the mount: draw only once mounted
+
     def compose(self) -> ComposeResult:
         app = self.app
         yield Header()
@@ -54,7 +57,9 @@ class OverviewScreen(Screen):
         if cards:
             cards[0].focus()
         self._layout_cards(self.size.width)
+        self._ready = True
         self.refresh_all()
+        self.call_after_refresh(self.refresh_all)  # in case the children were still mounting
 
     def on_resize(self, event) -> None:
         self._layout_cards(event.size.width)
@@ -66,6 +71,16 @@ class OverviewScreen(Screen):
         self.query_one("#cards", Grid).styles.grid_size_columns = columns
 
     def refresh_all(self) -> None:
+        """Redraw from the data layer. A screen still being built or already being torn down
+        (a poll can end at either moment) draws nothing."""
+        if not self._ready or not self.is_attached:
+            return
+        try:
+            self._draw()
+        except NoMatches:
+            return
+
+    def _draw(self) -> None:
         app = self.app
         alerts: list[Alert] = app.alerts()  # type: ignore[attr-defined]
         for card in self.query(NodeCard):
