@@ -6,8 +6,6 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
-from textual.css.query import NoMatches
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from sparkconsole.probe.samples import NodeSample
@@ -15,6 +13,7 @@ from sparkconsole.probe.state import NodeState
 from sparkconsole.services import Service, services_from_containers
 from sparkconsole.ui.keymap import DETAIL_BINDINGS
 from sparkconsole.ui.render import DASH, fmt, gib
+from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import card_renderable
 
 
@@ -22,7 +21,7 @@ def _cpu(value: float | None) -> str:
     return fmt(value, " %", 1)
 
 
-class NodeDetailScreen(Screen):
+class NodeDetailScreen(LiveScreen):
     """Everything about one node. ``/`` filters the containers; Esc goes back."""
 
     BINDINGS = DETAIL_BINDINGS
@@ -34,7 +33,6 @@ class NodeDetailScreen(Screen):
         self.node = node
         self.filter_text = ""
         self.units: list[Service] = []  # configured systemd units, read on open and after actions
-        self._ready = False  # polls may finish between the push and the mount: draw only once mounted
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -59,9 +57,7 @@ class NodeDetailScreen(Screen):
                                                                    "CPU", "memory")
         self.query_one("#gpu-procs-table", DataTable).add_columns("pid", "process", "GPU memory")
         self.query_one("#container-filter", Input).display = False
-        self._ready = True
-        self.refresh_all()
-        self.call_after_refresh(self.refresh_all)  # in case the children were still mounting
+        self.mark_ready()
         self.query_one("#containers-table", DataTable).focus()
         if self.app.config.services:  # type: ignore[attr-defined]
             self.load_units()
@@ -76,17 +72,7 @@ class NodeDetailScreen(Screen):
         if name == self.node:
             self.refresh_all()
 
-    def refresh_all(self) -> None:
-        """Redraw from the data layer. A screen still being built or already being torn down
-        (a poll can end at either moment) draws nothing."""
-        if not self._ready or not self.is_attached:
-            return
-        try:
-            self._draw()
-        except NoMatches:
-            return
-
-    def _draw(self) -> None:
+    def draw(self) -> None:
         app = self.app
         state: NodeState = app.node_state(self.node)  # type: ignore[attr-defined]
         role = app.config.node(self.node).role  # type: ignore[attr-defined]

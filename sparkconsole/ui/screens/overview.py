@@ -7,13 +7,12 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, VerticalScroll
-from textual.css.query import NoMatches
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from sparkconsole.probe.alerts import Alert
 from sparkconsole.probe.state import NodeState
 from sparkconsole.ui.keymap import OVERVIEW_BINDINGS
+from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import NodeCard
 
 EVENT_STYLE = {"info": "green", "warning": "dark_orange", "critical": "bold red"}
@@ -33,13 +32,11 @@ def events_text(events) -> Text:
     return text
 
 
-class OverviewScreen(Screen):
+class OverviewScreen(LiveScreen):
     """Every node at a glance."""
 
     BINDINGS = OVERVIEW_BINDINGS
     HELP = "Every node at a glance. Enter or a number opens a node; ? lists every key."
-
-    _ready = False  # polls may finish between the push and the mount: draw only once mounted
 
     def compose(self) -> ComposeResult:
         app = self.app
@@ -57,9 +54,7 @@ class OverviewScreen(Screen):
         if cards:
             cards[0].focus()
         self._layout_cards(self.size.width)
-        self._ready = True
-        self.refresh_all()
-        self.call_after_refresh(self.refresh_all)  # in case the children were still mounting
+        self.mark_ready()
 
     def on_resize(self, event) -> None:
         self._layout_cards(event.size.width)
@@ -70,17 +65,7 @@ class OverviewScreen(Screen):
         columns = 2 if width >= 140 and count > 1 else 1
         self.query_one("#cards", Grid).styles.grid_size_columns = columns
 
-    def refresh_all(self) -> None:
-        """Redraw from the data layer. A screen still being built or already being torn down
-        (a poll can end at either moment) draws nothing."""
-        if not self._ready or not self.is_attached:
-            return
-        try:
-            self._draw()
-        except NoMatches:
-            return
-
-    def _draw(self) -> None:
+    def draw(self) -> None:
         app = self.app
         alerts: list[Alert] = app.alerts()  # type: ignore[attr-defined]
         for card in self.query(NodeCard):
@@ -95,9 +80,6 @@ class OverviewScreen(Screen):
         widget.update(text)
         widget.display = bool(cluster)
         self.query_one("#events", Static).update(events_text(app.events))  # type: ignore[attr-defined]
-
-    def refresh_node(self, name: str) -> None:
-        self.refresh_all()
 
     def on_node_card_selected(self, message: NodeCard.Selected) -> None:
         self.app.open_node_by_name(message.node)  # type: ignore[attr-defined]
