@@ -9,8 +9,11 @@ import sys
 
 from sparkconsole.cli import add_cluster_args
 from sparkconsole.commands._cluster import open_cluster
+from sparkconsole.errors import UserError
+from sparkconsole.probe.alerts import cluster_alerts
 from sparkconsole.probe.poller import snapshot_cluster, states_to_json
 from sparkconsole.probe.state import NodeState, NodeStatus
+from sparkconsole.sim.scenarios import SCENARIOS
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
@@ -20,6 +23,9 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     add_cluster_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for each node (default 20)")
+    p.add_argument("--scenario", default="story", choices=SCENARIOS,
+                   help="with --demo: the simulated cluster's starting state (default story)")
+    p.add_argument("--nodes", type=int, default=2, metavar="N", help="with --demo: how many Sparks (default 2)")
     p.set_defaults(func=run)
 
 
@@ -43,11 +49,18 @@ async def _snapshot(args: argparse.Namespace) -> list[NodeState]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.timeout <= 0 or not 1 <= args.nodes <= 16:
+        raise UserError("--timeout must be more than 0 and --nodes between 1 and 16")
     states = asyncio.run(_snapshot(args))
+    alerts = cluster_alerts(states)
     if args.json:
-        json.dump(states_to_json(states), sys.stdout, indent=2)
+        data = states_to_json(states)
+        data["alerts"] = [{"node": a.node, "severity": a.severity, "text": a.text} for a in alerts]
+        json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for state in states:
             print(_line(state))
+        for a in alerts:
+            print(f"{a.severity}: {a.node}: {a.text}")
     return 0 if all(s.status is NodeStatus.UP for s in states) else 3
