@@ -6,39 +6,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
 
-from textual.app import App, ComposeResult
-from textual.screen import Screen
 from textual.widgets import Button, Log, ProgressBar, Static
 
 from sparkconsole.logs.follow import LogLine, Reattached, StreamDropped
 from sparkconsole.remote import docker_action, systemctl_action
 from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.logs import LogScreen, report_lines
-from tests.conftest import REAL
+from tests.conftest import REAL, strip_fixture_header
+from tests.ui_support import Host
 
 VLLM_02 = REAL / "vllm-logs" / "02-dgx-spark-nemotron-hybrid-nv2601-ready.log"
 VLLM_OOM = REAL / "vllm-logs" / "13-v1-cuda-oom-creating-weights.log"
 
 
 def real_lines(path) -> list[str]:
-    return [ln for ln in path.read_text().splitlines() if not ln.startswith(("# source:", "# vllm:"))]
+    return strip_fixture_header(path.read_text()).splitlines()
 
 
-class Host(App[None]):
-    """A bare app that pushes one screen on mount and keeps its result."""
-
-    def __init__(self, make: Callable[[], Screen]) -> None:
-        super().__init__()
-        self.make = make
-        self.results: list[object] = []
-
-    def compose(self) -> ComposeResult:
-        yield Static("host app underneath")
-
-    def on_mount(self) -> None:
-        self.push_screen(self.make(), callback=self.results.append)
 
 
 class FakeFollower:

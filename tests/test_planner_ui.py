@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-from textual.app import App, ComposeResult
 from textual.screen import Screen
 from textual.widgets import DataTable, Input, Select, Static
 
@@ -18,6 +17,7 @@ from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
 from sparkconsole.probe.samples import NodeSample, UnifiedMemory
 from sparkconsole.probe.state import NodeState, NodeStatus
 from sparkconsole.ui.screens.planner import DEFAULT_MODEL, PlannerScreen
+from tests.ui_support import Host
 
 Q122 = "Qwen/Qwen3.5-122B-A10B-FP8"
 GIB = 1 << 30
@@ -29,19 +29,6 @@ def _offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-class Host(App[None]):
-    """A bare app that pushes one screen on mount and keeps what it was dismissed with."""
-
-    def __init__(self, make: Callable[[], Screen]) -> None:
-        super().__init__()
-        self.make = make
-        self.results: list[object] = []
-
-    def compose(self) -> ComposeResult:
-        yield Static("host app underneath")
-
-    def on_mount(self) -> None:
-        self.push_screen(self.make(), callback=self.results.append)
 
 
 class ClusterHost(Host):

@@ -8,12 +8,32 @@ and every number on screen are the same on every run.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+
+from textual.app import App, ComposeResult
+from textual.screen import Screen
+from textual.widgets import Static
 
 from sparkconsole.journal import Journal
 from sparkconsole.sim.clock import SimClock
 from sparkconsole.ui.app import DemoOptions, SparkConsoleApp
 
 WALL = 1_774_700_000.0
+
+
+class Host(App[None]):
+    """A bare app that pushes one screen on mount and keeps what it was dismissed with."""
+
+    def __init__(self, make: Callable[[], Screen]) -> None:
+        super().__init__()
+        self.make = make
+        self.results: list[object] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static("host app underneath")
+
+    def on_mount(self) -> None:
+        self.push_screen(self.make(), callback=self.results.append)
 
 
 class FrozenClock:
