@@ -19,24 +19,23 @@ from sparkconsole.planner.plan import PlanOptions, PlanResult, plan
 from sparkconsole.planner.spec import load_spec
 
 
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
-    return v
+def _whole(minimum: int, what: str):
+    """An argparse type: a whole number of at least ``minimum``."""
+
+    def check(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"{what}: {text}")
+        return v
+
+    return check
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text}")
-    return v
+_pos_int = _whole(1, "must be at least 1")
+_nonneg_int = _whole(0, "must not be negative")
 
 
 def _number(text: str) -> float:

@@ -901,17 +901,25 @@ class Shell:
             return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(e)) + f".{frac:09d}Z {ln.text}\n"
         return ln.text + "\n"
 
-    async def d_stop(self, args: list[str], io: IO) -> int:
+    async def _each_container(self, args: list[str], io: IO, act) -> int:
+        """``docker stop|start|restart A B…``: ``act`` each named container, echo its name;
+        exit 1 (like docker) when any name is unknown."""
         rc = 0
         for name in [a for a in args if not a.startswith("-")]:
             ct = self._container(name, io)
             if ct is None:
                 rc = 1
                 continue
-            await self.clock.sleep(0.4)
-            self._stop(ct, self.now(), 0)
+            await act(ct)
             io.out(name + "\n")
         return rc
+
+    async def d_stop(self, args: list[str], io: IO) -> int:
+        async def stop(ct: Container) -> None:
+            await self.clock.sleep(0.4)
+            self._stop(ct, self.now(), 0)
+
+        return await self._each_container(args, io, stop)
 
     def _stop(self, ct: Container, t: float, code: int) -> None:
         if ct.running(t):
@@ -932,29 +940,19 @@ class Shell:
                 self.cluster.ray = None
 
     async def d_start(self, args: list[str], io: IO) -> int:
-        rc = 0
-        for name in [a for a in args if not a.startswith("-")]:
-            ct = self._container(name, io)
-            if ct is None:
-                rc = 1
-                continue
+        async def start(ct: Container) -> None:
             if not ct.running(self.now()):
                 self._restart(ct, self.now() + 0.5)
-            io.out(name + "\n")
-        return rc
+
+        return await self._each_container(args, io, start)
 
     async def d_restart(self, args: list[str], io: IO) -> int:
-        rc = 0
-        for name in [a for a in args if not a.startswith("-")]:
-            ct = self._container(name, io)
-            if ct is None:
-                rc = 1
-                continue
+        async def restart(ct: Container) -> None:
             self._stop(ct, self.now(), 0)
             await self.clock.sleep(0.5)
             self._restart(ct, self.now())
-            io.out(name + "\n")
-        return rc
+
+        return await self._each_container(args, io, restart)
 
     def _restart(self, ct: Container, t: float) -> None:
         ct.restarts += 1
