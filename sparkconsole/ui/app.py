@@ -236,7 +236,7 @@ class SparkConsoleApp(App[int]):
     def add_event(self, severity: str, text: str) -> None:
         self.events.append((self.clock(), severity, text))
 
-    def _note_changes(self, name: str) -> None:
+    def _note_changes(self, name: str, alerts: list[Alert] | None = None) -> None:
         """Record status transitions and new alerts in the events list."""
         if self.poller is None:
             return
@@ -247,7 +247,7 @@ class SparkConsoleApp(App[int]):
             self.add_event(severity, f"{name}: {state.status.value}" + ("" if state.status is NodeStatus.UP
                                                                            else f" — {state.reason}"))
         self._last_status[name] = state.status
-        current = {f"{a.node}: {a.text}" for a in self.alerts()
+        current = {f"{a.node}: {a.text}" for a in (self.alerts() if alerts is None else alerts)
                    if a.node in (name, "cluster") and not a.text.startswith(("stale:", "node down:"))}
         for text in sorted(current - self._last_alerts):
             self.add_event("warning", f"alert {text}")
@@ -276,7 +276,9 @@ class SparkConsoleApp(App[int]):
                     if w.group == f"poll:{name}" and not w.is_finished:
                         w.cancel()
             p.refresh_staleness()
-            self._note_changes(name)
+        alerts = self.alerts()  # once per tick for every node, not once per node
+        for name in self.poller.pollers:
+            self._note_changes(name, alerts)
         screen = self.screen
         if hasattr(screen, "refresh_all"):
             screen.refresh_all()
