@@ -4,8 +4,10 @@ Every mutating command the console sends is appended to ``state_dir()/journal.js
 given): the time (ISO 8601, UTC), the node, the exact shell text, the plain-words summary, the exit
 code (``None`` when the command never finished: a timeout, a lost connection), how long it took
 and, for failures, a short error text. Nothing secret is ever written: values of environment
-variables or ``--flags`` whose names contain TOKEN, KEY, SECRET or PASSWORD, Hugging Face tokens
-(``hf_...``) and ``Authorization: Bearer`` values are replaced by ``***`` before the line is built.
+variables that hold secrets (``HF_TOKEN``, ``*_API_KEY``, ``*PASSWORD``…), ``--api-key``-style flags,
+Hugging Face tokens (``hf_...``) and ``Authorization:`` values are replaced by ``***`` before the
+line is built; ordinary arguments that only contain such a word are kept. Entries the deployment
+wizard writes also name the deployment and the step.
 
 The file is append-only: each entry is one ``write`` of one line to a file opened with
 ``O_APPEND`` (mode 0600), so concurrent writers never interleave inside a line. Reading skips
@@ -28,32 +30,48 @@ from sparkconsole.config import state_dir
 JOURNAL_FILE = "journal.jsonl"
 REDACTED = "***"
 
-_SECRET_WORD = r"(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)"
+# Secrets only: the Hugging Face token variables, API keys and passwords by their usual names, hf_
+# tokens anywhere, ``--api-key``/``--hf-token`` values and ``Authorization:`` headers. Ordinary
+# arguments that merely contain a word like TOKEN or KEY (``--max-num-batched-tokens 8192``,
+# ``--tokenizer X``, ``MONKEY=1``, ``NUM_KEYS=3``) are left as they are.
+_SECRET_PARTS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS"}
+_KEY_OWNERS = {"API", "SECRET", "ACCESS", "PRIVATE", "AUTH", "SIGNING", "ENCRYPTION"}
+
+
+def is_secret_name(name: str) -> bool:
+    """An environment variable that holds a secret, by its words: ``HF_TOKEN``, ``*_PASSWORD``,
+    ``AWS_SECRET_ACCESS_KEY``, ``WANDB_API_KEY``; not ``MAX_NUM_BATCHED_TOKENS``, ``NUM_KEYS``."""
+    parts = name.upper().split("_")
+    if any(p in _SECRET_PARTS for p in parts):
+        return True
+    return any(p == "KEY" and i > 0 and parts[i - 1] in _KEY_OWNERS for i, p in enumerate(parts))
+
+
 # 'NAME=value with spaces' as shlex.quote writes an env assignment that needed quoting
-_ENV_QUOTED = re.compile(rf"'([A-Za-z_][A-Za-z0-9_]*{_SECRET_WORD}[A-Za-z0-9_]*)=[^']*'", re.IGNORECASE)
+_ENV_QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)=[^']*'")
 # NAME=value, NAME="value", NAME='value'
-_ENV_PLAIN = re.compile(
-    rf"\b([A-Za-z_][A-Za-z0-9_]*{_SECRET_WORD}[A-Za-z0-9_]*)=(?:\"[^\"]*\"|'[^']*'|[^\s'\";|&]+)",
-    re.IGNORECASE,
-)
-# --hf-token VALUE, --api-key=VALUE, -e HF_TOKEN is handled by the env rules
+_ENV_PLAIN = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|'[^']*'|[^\s'\";|&]+)")
 _FLAG = re.compile(
-    rf"(--[A-Za-z0-9-]*{_SECRET_WORD}[A-Za-z0-9-]*)(=|\s+)(?:\"[^\"]*\"|'[^']*'|[^\s'\";|&]+)",
+    r"(--(?:api-key|hf-token|token|password|secret|auth-token|access-token))(=|\s+)(?:\"[^\"]*\"|'[^']*'|[^\s'\";|&]+)",
     re.IGNORECASE,
 )
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}\b")
-_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+_BEARER = re.compile(r"(Authorization:\s*(?:Bearer|Basic|Token)?\s*)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+_BEARER_BARE = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+")
 
 
 def redact(text: str) -> str:
-    """``text`` with every secret-looking value replaced by ``***``."""
+    """``text`` with every secret value replaced by ``***`` (and nothing else touched)."""
     if not text:
         return text
-    text = _ENV_QUOTED.sub(lambda m: f"'{m.group(1)}={REDACTED}'", text)
-    text = _ENV_PLAIN.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
+    text = _ENV_QUOTED.sub(lambda m: f"'{m.group(1)}={REDACTED}'" if is_secret_name(m.group(1)) else m.group(0),
+                           text)
+    text = _ENV_PLAIN.sub(lambda m: f"{m.group(1)}={REDACTED}" if is_secret_name(m.group(1)) else m.group(0),
+                          text)
     text = _FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
     text = _HF_TOKEN.sub("hf_" + REDACTED, text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _BEARER_BARE.sub(lambda m: m.group(1) + REDACTED, text)
     return text
 
 
@@ -72,13 +90,16 @@ class JournalEntry:
     exit_code: int | None
     duration_s: float | None
     error: str | None = None  # why it failed, in words (stderr tail, timeout, refusal)
+    deployment: str | None = None  # the deployment this command belongs to (the wizard's)
+    step: str | None = None  # the wizard step that sent it
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+        data = {k: v for k, v in asdict(self).items() if v is not None or k not in ("deployment", "step")}
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JournalEntry:
@@ -92,6 +113,8 @@ class JournalEntry:
             exit_code=int(exit_code) if isinstance(exit_code, int) else None,
             duration_s=float(duration) if isinstance(duration, int | float) else None,
             error=str(data["error"]) if data.get("error") is not None else None,
+            deployment=str(data["deployment"]) if data.get("deployment") else None,
+            step=str(data["step"]) if data.get("step") else None,
         )
 
 
@@ -115,6 +138,8 @@ class Journal:
         duration_s: float | None,
         error: str | None = None,
         when: datetime | None = None,
+        deployment: str | None = None,
+        step: str | None = None,
     ) -> JournalEntry:
         """Append one entry (secrets redacted) and return it."""
         stamp = when.astimezone(UTC).isoformat(timespec="microseconds") if when else _now_iso()
@@ -126,6 +151,8 @@ class Journal:
             exit_code=exit_code,
             duration_s=None if duration_s is None else round(float(duration_s), 3),
             error=None if error is None else redact(error.strip())[:500],
+            deployment=deployment,
+            step=step,
         )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = (entry.to_json() + "\n").encode("utf-8")

@@ -72,3 +72,18 @@ def test_default_path_is_in_the_state_dir(tmp_path: Path, monkeypatch: pytest.Mo
     assert default_journal_path() == tmp_path / "st" / "journal.jsonl"
     Journal().record(node="n", command="true", exit_code=0, duration_s=0)
     assert len(read_journal()) == 1
+
+
+def test_ordinary_arguments_are_not_redacted() -> None:
+    """Only secrets go: words that merely contain TOKEN or KEY stay as typed (issue 11, item 6)."""
+    kept = ["vllm serve m --max-num-batched-tokens 8192 --tokenizer Qwen/Qwen3-8B",
+            "MONKEY=1 NUM_KEYS=3 MAX_NUM_BATCHED_TOKENS=4096 KEYBOARD=us run",
+            "docker run -e NCCL_IB_HCA=rocep1s0f1 -e VLLM_HOST_IP=192.168.200.12 img",
+            "grep -c tokens log.txt --key-file=/etc/x"]
+    for text in kept:
+        assert redact(text) == text
+    gone = {"HF_TOKEN=hf_abcdefghij1234 x": "HF_TOKEN=***", "HUGGING_FACE_HUB_TOKEN=abc": "HUGGING_FACE_HUB_TOKEN=***",
+            "x --api-key sk-1": "--api-key ***", "-H 'Authorization: Bearer abc.def'": "Authorization: Bearer ***",
+            "token hf_ABCDEFGHIJKL": "hf_***"}
+    for text, want in gone.items():
+        assert want in redact(text)
