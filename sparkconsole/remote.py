@@ -209,3 +209,245 @@ def drop_caches() -> RemoteCommand:
         "sudo", "-n", "sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches",
         mutating=True, summary="drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches)",
     )
+
+
+# ---- scripts: several quoted commands joined by fixed operators -------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteScript(RemoteCommand):
+    """A short ``sh`` program assembled here from quoted commands and constant operators.
+
+    The deployment needs what one argument vector cannot say: ``&&``, redirections into a job's
+    log, ``&`` with ``$!``, markers between the sections of one read. ``text`` is only ever built
+    by the functions of this module from :class:`RemoteCommand` parts (each quoted by
+    :meth:`RemoteCommand.shell`) and constant shell syntax, so the rule holds: nothing a user or a
+    node typed reaches the shell unquoted.
+    """
+
+    text: str = ""
+
+    def shell(self) -> str:
+        return self.text
+
+
+SECTION_MARK = "::sparkdeploy::"
+
+
+def sectioned(sections: list[tuple[str, RemoteCommand | str]], summary: str = "") -> RemoteScript:
+    """One read-only exec that runs every section with markers around it (the probe's framing):
+    ``::sparkdeploy:: section NAME`` … output … ``::sparkdeploy:: rc NAME N``. A section is a
+    built :class:`RemoteCommand` or a constant of the caller's module (a probe section's text,
+    ``echo "$HOME"``): never text that came from a user or a node."""
+    parts = []
+    for name, cmd in sections:
+        if not re.fullmatch(r"[a-z0-9-]+", name):
+            raise ValidationError(f"not a section name: {name!r}")
+        text = cmd.shell() if isinstance(cmd, RemoteCommand) else cmd
+        parts.append(f"echo '{SECTION_MARK} section {name}'; {text} 2>&1; "
+                     f"echo \"{SECTION_MARK} rc {name} $?\"")
+    return RemoteScript((), summary=summary, text="; ".join(parts))
+
+
+def and_then(*commands: RemoteCommand, mutating: bool | None = None, summary: str = "") -> RemoteScript:
+    """``A && B && C``: stop at the first that fails."""
+    text = " && ".join(c.shell() for c in commands)
+    mut = any(c.mutating for c in commands) if mutating is None else mutating
+    return RemoteScript((), mutating=mut, summary=summary, text=text)
+
+
+def piped(left: RemoteCommand, right: RemoteCommand, *, mutating: bool = True, summary: str = "") -> RemoteScript:
+    """``LEFT | RIGHT`` (``docker save IMAGE | ssh NODE docker load``)."""
+    return RemoteScript((), mutating=mutating, summary=summary, text=pipeline(left, right))
+
+
+def with_env(env: list[tuple[str, str]] | tuple[tuple[str, str], ...], cmd: RemoteCommand) -> RemoteCommand:
+    """``cmd`` run with extra environment variables (``env K=V … CMD``)."""
+    return RemoteCommand(cmd.argv, mutating=cmd.mutating, summary=cmd.summary, env=tuple(env))
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """Where a detached job keeps its output, exit code and pid on the node."""
+
+    log: str
+    rc: str
+
+    @classmethod
+    def under(cls, job_dir: str, name: str) -> JobFiles:
+        validate_path(job_dir)
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", name):
+            raise ValidationError(f"not a job name: {name!r}")
+        return cls(log=f"{job_dir}/{name}.log", rc=f"{job_dir}/{name}.rc")
+
+
+def detached(job_dir: str, files: JobFiles, inner: RemoteCommand, summary: str = "") -> RemoteScript:
+    """Start ``inner`` detached from the SSH session (``setsid nohup``), its output in ``files.log``
+    and its exit code in ``files.rc`` when it ends; prints the job's pid. Losing the laptop's
+    connection loses nothing: the console finds the job again by its files and pid."""
+    job = f"{inner.shell()} > {shlex.quote(files.log)} 2>&1; echo $? > {shlex.quote(files.rc)}"
+    text = (f"mkdir -p {shlex.quote(validate_path(job_dir))} && rm -f {shlex.quote(files.rc)} && "
+            f"setsid nohup sh -c {shlex.quote(job)} > /dev/null 2>&1 < /dev/null & echo $!")
+    return RemoteScript((), mutating=True, summary=summary or inner.summary, text=text)
+
+
+def job_check(files: JobFiles, pid: int, tail_bytes: int = 4096) -> RemoteScript:
+    """Read-only: ``rc N`` when the job ended, ``running`` while its pid lives, ``lost`` when it
+    neither ended nor runs; then the last bytes of its log."""
+    rc, log = shlex.quote(files.rc), shlex.quote(files.log)
+    text = (f"if [ -f {rc} ]; then echo \"rc $(cat {rc})\"; elif kill -0 {int(pid)} 2>/dev/null; "
+            f"then echo running; else echo lost; fi; tail -c {int(tail_bytes)} {log} 2>/dev/null")
+    return RemoteScript((), text=text)
+
+
+def kill_job(pid: int) -> RemoteCommand:
+    return command("kill", str(int(pid)), mutating=True, summary=f"stop job {int(pid)}")
+
+
+def file_from(path: str, offset: int) -> RemoteCommand:
+    """``tail -c +N FILE``: a growing log read from byte ``offset`` (0-based) on."""
+    return command("tail", "-c", f"+{int(offset) + 1}", validate_path(path))
+
+
+# ---- the deployment's commands ------------------------------------------------------------------
+
+HF_HUB_URL = "https://huggingface.co"
+
+
+def hub_reachable(model: str) -> RemoteCommand:
+    url = f"{HF_HUB_URL}/api/models/{validate_model_id(model)}"
+    return command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}\\n", "--max-time", "5", url)
+
+
+def hub_tree(model: str, revision: str = "main") -> RemoteCommand:
+    """The Hub's file list for ``model`` (sizes, and sha256 as ``lfs.oid`` for large files)."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", revision):
+        raise ValidationError(f"not a revision: {revision!r}")
+    url = f"{HF_HUB_URL}/api/models/{validate_model_id(model)}/tree/{revision}?recursive=true"
+    return command("curl", "-sS", "--max-time", "20", url)
+
+
+def hf_download(model: str) -> RemoteCommand:
+    """``hf download MODEL``: the token, if any, is read by ``hf`` from the node's own files."""
+    m = validate_model_id(model)
+    return command("hf", "download", m, mutating=True, summary=f"download {m} from the Hub")
+
+
+def rsync_dir(src: str, user_host: str, dest: str, *, exclude: tuple[str, ...] = ("blobs/",)) -> RemoteCommand:
+    """Copy a model directory to another node over the fast link: links dereferenced (``-L``: the
+    HF cache's snapshot links would arrive broken otherwise), a cut file kept (``--partial``)."""
+    user, _, host = user_host.rpartition("@")
+    validate_host(host)
+    if user:
+        validate_container(user)
+    argv = ["rsync", "-a", "--partial", "-L"]
+    for e in exclude:
+        if not re.fullmatch(r"[A-Za-z0-9._/-]{1,64}", e):
+            raise ValidationError(f"not an rsync exclude: {e!r}")
+        argv += ["--exclude", e]
+    argv += ["--info=progress2", "-e", "ssh -o BatchMode=yes",
+             validate_path(src).rstrip("/") + "/", f"{user_host}:{validate_path(dest).rstrip('/')}/"]
+    return command(*argv, mutating=True, summary=f"copy {src} to {host}")
+
+
+def ssh_to(user_host: str, *argv: str) -> RemoteCommand:
+    """``ssh -o BatchMode=yes USER@HOST CMD…`` from one node to another (never asks a password)."""
+    user, _, host = user_host.rpartition("@")
+    validate_host(host)
+    if user:
+        validate_container(user)
+    inner = " ".join(shlex.quote(a) for a in argv)
+    return command("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", user_host, inner)
+
+
+def mkdir_p(path: str) -> RemoteCommand:
+    return command("mkdir", "-p", validate_path(path), mutating=True, summary=f"mkdir -p {path}")
+
+
+def image_id(image: str) -> RemoteCommand:
+    return command("docker", "image", "inspect", "-f", "{{.Id}}", validate_image(image))
+
+
+def docker_pull(image: str) -> RemoteCommand:
+    img = validate_image(image)
+    return command("docker", "pull", img, mutating=True, summary=f"pull {img}")
+
+
+def image_copy(image: str, user_host: str) -> RemoteScript:
+    """``docker save IMAGE | ssh NODE docker load``: streamed, never staged in /tmp."""
+    img = validate_image(image)
+    return piped(command("docker", "save", img), ssh_to(user_host, "docker", "load"),
+                 summary=f"copy image {img} to {user_host.rpartition('@')[2]}")
+
+
+def python_in_image(image: str, program: str) -> RemoteCommand:
+    """Run the image's own Python once (``--rm``): what its vLLM knows, before 119 GB move."""
+    return command("docker", "run", "--rm", "--entrypoint", "python3", validate_image(image), "-c", program)
+
+
+def ping_df(ip: str, payload: int, count: int = 3) -> RemoteCommand:
+    """A don't-fragment ping with ``payload`` bytes (MTU − 28) over the fast link."""
+    return command("ping", "-c", str(int(count)), "-W", "2", "-M", "do", "-s", str(int(payload)),
+                   validate_host(ip))
+
+
+def docker_run(name: str, image: str, *, options: list[str], entrypoint: str | None = None,
+               args: list[str] | tuple[str, ...] = (), env: list[tuple[str, str]] | None = None,
+               mounts: list[tuple[str, str]] | None = None, summary: str = "") -> RemoteCommand:
+    """``docker run -d --name NAME [options] [-e K=V…] [-v A:B…] [--entrypoint E] IMAGE ARGS…``."""
+    argv = ["docker", "run", "-d", "--name", validate_container(name), *options]
+    for key, value in env or []:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValidationError(f"not a valid environment variable name: {key!r}")
+        argv += ["-e", f"{key}={value}"]
+    for src, dst in mounts or []:
+        argv += ["-v", f"{validate_path(src)}:{validate_path(dst)}"]
+    if entrypoint is not None:
+        argv += ["--entrypoint", entrypoint]
+    argv += [validate_image(image), *args]
+    return command(*argv, mutating=True, summary=summary or f"start container {name}")
+
+
+def docker_exec(container: str, argv: list[str], *, detach: bool = False,
+                env: list[tuple[str, str]] | None = None, mutating: bool = False, summary: str = "") -> RemoteCommand:
+    out = ["docker", "exec"]
+    if detach:
+        out.append("-d")
+    for key, value in env or []:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValidationError(f"not a valid environment variable name: {key!r}")
+        out += ["-e", f"{key}={value}"]
+    out += [validate_container(container), *argv]
+    return command(*out, mutating=mutating, summary=summary)
+
+
+def container_state(name: str) -> RemoteCommand:
+    return command("docker", "inspect", "-f", "{{.State.Status}}", validate_container(name))
+
+
+def docker_rm_force(*names: str) -> RemoteCommand:
+    valid = [validate_container(n) for n in names]
+    return command("docker", "rm", "-f", *valid, mutating=True, summary=f"remove {' '.join(valid)}")
+
+
+def http_get(url: str, *, fail: bool = False) -> RemoteCommand:
+    if not re.fullmatch(r"http://[A-Za-z0-9.:-]+(?:/[A-Za-z0-9._/-]*)?", url):
+        raise ValidationError(f"not a local URL: {url!r}")
+    return command("curl", "-sf" if fail else "-s", "--max-time", "10", url)
+
+
+def http_post_json(url: str, body: str, timeout_s: int = 300) -> RemoteCommand:
+    if not re.fullmatch(r"http://[A-Za-z0-9.:-]+(?:/[A-Za-z0-9._/-]*)?", url):
+        raise ValidationError(f"not a local URL: {url!r}")
+    return command("curl", "-s", "--max-time", str(int(timeout_s)), "-X", "POST", url,
+                   "-H", "Content-Type: application/json", "-d", body)
+
+
+def serve_in_container(container: str, argv: list[str], log_path: str,
+                       env: list[tuple[str, str]] | None = None) -> RemoteCommand:
+    """``docker exec -d [-e K=V] CONTAINER sh -c 'exec ARGV > LOG 2>&1'``: the engine runs in the
+    Ray head's container (as NVIDIA's playbook does) and writes its log to a path the container
+    mounts from the node, so the console follows it with ``tail -c +N`` after any disconnect."""
+    inner = "exec " + " ".join(shlex.quote(a) for a in argv) + f" > {shlex.quote(validate_path(log_path))} 2>&1"
+    return docker_exec(container, ["sh", "-c", inner], detach=True, env=env, mutating=True,
+                       summary=f"start {' '.join(argv[:2])} in {container}")

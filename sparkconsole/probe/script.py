@@ -134,14 +134,15 @@ class SectionOutput:
     rc: int | None  # None when the section never finished (channel dropped mid-way)
 
 
-def split_tick(lines: list[str]) -> dict[str, SectionOutput]:
-    """Split the lines of one tick (between ``begin`` and ``end``) into sections."""
+def split_tick(lines: list[str], mark: str = MARK) -> dict[str, SectionOutput]:
+    """Split the lines of one tick (between ``begin`` and ``end``) into sections (``mark``: the
+    deployment's recon uses the same framing with its own marker)."""
     out: dict[str, SectionOutput] = {}
     current: str | None = None
     buf: list[str] = []
     for line in lines:
-        if line.startswith(MARK):
-            words = line[len(MARK):].split()
+        if line.startswith(mark):
+            words = line[len(mark):].split()
             if len(words) >= 2 and words[0] == "section":
                 current, buf = words[1], []
             elif len(words) >= 3 and words[0] == "rc" and current == words[1]:

@@ -1,0 +1,248 @@
+"""``sparkconsole deploy``: the deployment wizard without the console, for scripts and terminals.
+
+Walks the same flow as the console's wizard (``w``): recon, plan, engine, network, weights, images,
+free-memory, caches, cluster, serve, verify. Decisions are answered by ``--answer ID=VALUE``, by
+the recommendation under ``--auto``, or else the run stops at the decision (exit 1) and says which
+answer it needs. Commands that change a node are printed before they run; without ``--auto`` or
+``--yes`` they are asked for on a terminal and refused elsewhere.
+
+Exit 0 only when the model served and the test completion came back (or ``--until`` / ``--plan-only``
+/ ``--teardown`` finished); 1 when a decision or a step ended it; 2 for bad input; 3 when a node
+cannot be reached at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from sparkconsole.cli import add_cluster_args
+from sparkconsole.commands._cluster import open_cluster
+from sparkconsole.errors import UserError
+from sparkconsole.remote import RemoteCommand, validate_image, validate_model_id
+
+DEMO_SPEED = 40.0  # the demo cluster runs its clock this much faster than the wall for a deployment
+
+
+def add_parser(subs: argparse._SubParsersAction) -> None:
+    from sparkconsole.deploy.flow import DEFAULT_MODEL, STEP_IDS
+    from sparkconsole.sim.scenarios import SCENARIOS
+
+    p = subs.add_parser(
+        "deploy", help="deploy one model across the nodes, step by step, with its decisions",
+        description="Deploy one large model across DGX Sparks: recon, plan, engine, network, weights, images, "
+        "free-memory, caches, cluster, serve, verify. Resumable (--resume), repeatable (finished steps are "
+        "skipped), and --teardown removes exactly what it started.")
+    add_cluster_args(p)
+    p.add_argument("--scenario", default="story", choices=SCENARIOS, help="with --demo: the starting state")
+    p.add_argument("--nodes", type=int, default=2, metavar="N", help="with --demo: how many Sparks (default 2)")
+    p.add_argument("--speed", type=float, default=DEMO_SPEED, metavar="X",
+                   help=f"with --demo: simulated seconds per real second (default {DEMO_SPEED:g})")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face repo id (default {DEFAULT_MODEL})")
+    p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
+    p.add_argument("--executor", choices=("ray", "native"), default=None,
+                   help="how the nodes join (default: asked, Ray recommended)")
+    p.add_argument("--image", help="the engine image to use (else the wizard checks what is there)")
+    p.add_argument("--tp", type=int, help="tensor-parallel size (default: the plan's recommendation)")
+    p.add_argument("--max-model-len", type=int, metavar="L")
+    p.add_argument("--plan-only", action="store_true",
+                   help="read the nodes, decide with the recommendations, print every step's commands; change nothing")
+    p.add_argument("--auto", action="store_true", help="take every recommended answer and run without asking")
+    p.add_argument("--yes", action="store_true", help="run the commands without asking (decisions still need answers)")
+    p.add_argument("--answer", action="append", metavar="ID=VALUE", help="answer a decision ahead (repeatable)")
+    p.add_argument("--until", choices=STEP_IDS, metavar="STEP", help="stop after this step (exit 0 when reached)")
+    p.add_argument("--resume", nargs="?", const="", metavar="ID",
+                   help="continue a deployment (the latest when no ID): finished steps are not run again")
+    p.add_argument("--teardown", nargs="?", const="", metavar="ID",
+                   help="remove what a deployment started (the latest when no ID) and offer its stopped services back")
+    p.add_argument("--json", action="store_true", help="one JSON object per event, one per line")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print the engine's log lines")
+    p.set_defaults(func=run)
+
+
+# ---- printing ---------------------------------------------------------------------------------
+
+
+class Printer:
+    """Events as plain lines (or JSON lines): what happens, in the order it happens."""
+
+    def __init__(self, as_json: bool, verbose: bool, out=None) -> None:
+        self.json = as_json
+        self.verbose = verbose
+        self.out = out or sys.stdout
+        self._progress: dict[tuple[str, str, str], int] = {}
+
+    def __call__(self, event: Any) -> None:
+        if self.json:
+            self.out.write(json.dumps(event.to_json(), ensure_ascii=False) + "\n")
+            self.out.flush()
+            return
+        line = self._plain(event)
+        if line is not None:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def _plain(self, e: Any) -> str | None:
+        kind = e.kind
+        if kind == "step":
+            mark = {"running": "▶", "done": "✓", "skipped": "·", "failed": "✗", "waiting": "?"}.get(e.state, " ")
+            return f"{mark} {e.step:<12} {e.state}" + (f": {e.note}" if e.note else "")
+        if kind == "command":
+            if e.rc is None:
+                return f"    {e.node} $ {e.command}"
+            if not e.mutating and e.rc == 0:
+                return None
+            out = f"    {e.node}   → exit {e.rc}" + (f" ({e.duration_s:.1f} s)" if e.duration_s else "")
+            if e.rc != 0 and e.output:
+                out += "\n" + "\n".join("      " + ln for ln in e.output.splitlines())
+            if not e.mutating:
+                out = f"    {e.node} $ {e.command}\n" + out
+            return out
+        if kind == "decision":
+            lines = [f"  ? {e.id}: {e.title}"]
+            lines += [f"      {m}" for m in e.measured if m]
+            lines += [f"      - {o['value']}: {o['label']}" + (" (experimental)" if o.get("experimental") else "")
+                      for o in e.options]
+            lines.append(f"    → {e.answer} ({e.by}; recommended: {e.recommended}) — {e.why}")
+            return "\n".join(lines)
+        if kind == "note":
+            who = f"{e.node}: " if e.node else ""
+            return f"    {'!' if e.level != 'info' else '·'} {who}{e.text}"
+        if kind == "progress":
+            key = (e.step, e.node, e.label)
+            pct = -1 if e.fraction is None else int(e.fraction * 10)
+            if self._progress.get(key) == pct:
+                return None
+            self._progress[key] = pct
+            frac = "" if e.fraction is None else f"{e.fraction * 100:3.0f}% "
+            return f"    ~ {e.node} {e.label} {frac}{e.detail}"
+        if kind == "output":
+            return f"      | {e.text}" if self.verbose else None
+        if kind == "result":
+            tail = f" — {e.endpoint}" if e.endpoint else ""
+            tps = f" ({e.tokens_per_s} tok/s)" if e.tokens_per_s else ""
+            return f"{'served' if e.ok and e.endpoint else 'ok' if e.ok else 'stopped'}: {e.message}{tail}{tps}"
+        return None
+
+    def plan(self, step: str, title: str, commands: Sequence[tuple[str, RemoteCommand]]) -> None:
+        if self.json:
+            for node, cmd in commands:
+                self.out.write(json.dumps({"event": "planned", "step": step, "node": node, "command": cmd.shell(),
+                                           "mutating": cmd.mutating}) + "\n")
+            return
+        self.out.write(f"  {step}: {title}\n")
+        for node, cmd in commands:
+            self.out.write(f"    {node} $ {cmd.shell()}\n")
+        if not commands:
+            self.out.write("    (nothing to run)\n")
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace) -> None:
+    validate_model_id(args.model)
+    if args.image:
+        validate_image(args.image)
+    if args.tp is not None and not 1 <= args.tp <= 64:
+        raise UserError("--tp must be between 1 and 64")
+    if args.max_model_len is not None and args.max_model_len < 256:
+        raise UserError("--max-model-len must be at least 256")
+    if not 1 <= args.nodes <= 64:
+        raise UserError("--nodes must be between 1 and 64")
+    if not 0 < args.speed <= 1000:
+        raise UserError("--speed must be > 0 and at most 1000")
+    if args.resume is not None and args.teardown is not None:
+        raise UserError("choose one of --resume and --teardown")
+    if args.plan_only and (args.resume is not None or args.teardown is not None):
+        raise UserError("--plan-only starts nothing: it cannot be combined with --resume or --teardown")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    from sparkconsole.deploy.decisions import parse_answers
+
+    presets = parse_answers(args.answer)
+    printer = Printer(args.json, args.verbose)
+    try:
+        outcome = asyncio.run(_deploy(args, presets, printer))
+    except KeyboardInterrupt:
+        print("sparkconsole: interrupted: what finished is recorded; `sparkconsole deploy --resume` continues "
+              "(jobs on the nodes keep running)", file=sys.stderr)
+        return 130
+    return 0 if outcome.ok else 1
+
+
+async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Printer):
+    from sparkconsole.deploy.decisions import ScriptedAnswers
+    from sparkconsole.deploy.flow import Flow, Options
+    from sparkconsole.deploy.runner import Runner, Settings
+    from sparkconsole.deploy.session import run_flow, run_teardown
+    from sparkconsole.deploy.state import DeploymentState, StateStore
+    from sparkconsole.journal import Journal
+    from sparkconsole.transport import make_transport
+
+    store = StateStore()
+    if args.resume is not None or args.teardown is not None:
+        state = store.load((args.resume or args.teardown) or None)
+        options = Options.from_json(state.options)
+    else:
+        options = Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
+                          tp=args.tp, max_model_len=args.max_model_len)
+        state = None
+    speed = args.speed if getattr(args, "demo", False) else 1.0
+    async with open_cluster(args, demo_speed=speed) as config:
+        if state is None:
+            state = DeploymentState.new(options.model, options.to_json(), config.name)
+        for k, v in presets.items():
+            state.answers[k] = v
+        if args.json is False and getattr(args, "demo", False):
+            print(f"demo cluster '{args.scenario}': simulated time runs x{speed:g} faster than the wall clock")
+        transports = {n.name: make_transport(n, local=config.local) for n in config.nodes}
+        settings = Settings(poll_s=0.5 if speed > 1 else 2.0, speed=speed)
+        confirm = _confirm(args, printer)
+        runner = Runner(config=config, state=state, transports=transports,
+                        answer=ScriptedAnswers(presets, auto=args.auto or args.plan_only), emit=printer, store=store,
+                        journal=Journal(), confirm=confirm, settings=settings,
+                        read_only=config.read_only or bool(getattr(args, "read_only", False)),
+                        plan_only=args.plan_only)
+        if args.read_only and not args.plan_only and args.teardown is None:
+            runner.read_only = True
+        flow = Flow(runner, options)
+        try:
+            if not args.json and not args.plan_only:
+                print(f"deployment {state.id}: {options.model} on {', '.join(n.name for n in config.nodes)}")
+            if args.teardown is not None:
+                outcome = await run_teardown(flow)
+            else:
+                outcome = await run_flow(flow, until=args.until, on_plan=printer.plan if args.plan_only else None)
+            printer(outcome.result)
+            return outcome
+        finally:
+            for t in transports.values():
+                with contextlib.suppress(Exception):
+                    await t.close()
+
+
+def _confirm(args: argparse.Namespace, printer: Printer):
+    async def confirm(step: str, commands: Sequence[tuple[str, RemoteCommand]]) -> bool:
+        if args.auto or args.yes:
+            return True
+        if not sys.stdin.isatty():
+            raise UserError(f"{step}: {len(commands)} command(s) would change the nodes; pass --auto or --yes to "
+                            "run them, or use the console's wizard (w)", exit_code=1)
+        for node, cmd in commands:
+            print(f"    {node} $ {cmd.shell()}")
+        reply = await asyncio.to_thread(input, f"  run these {len(commands)} command(s)? [y/N] ")
+        return reply.strip().lower() in ("y", "yes")
+
+    return confirm
+
+
+__all__ = ["Printer", "add_parser", "replace", "run"]

@@ -1,0 +1,1128 @@
+"""The deployment as data: the steps in order, each ``probe → decide → plan → apply → verify``.
+
+Every step has a stable id (the state, the journal, ``--until`` and ``--answer`` use it). A step's
+``probe`` says when what it would do is already true (it is then skipped: re-running a finished
+deployment sends no change); ``decide`` meets its decisions; ``plan`` lists the exact commands
+``apply`` will send, per node (``--plan-only`` prints them, the TUI shows them before they run);
+``verify`` checks the outcome on the nodes and raises :class:`StepFailed` with the fix.
+
+Nothing here is fixed to two nodes or one model: the head is the configured head, every other
+node is a worker, and the model comes from the options (the default is the story's
+Qwen/Qwen3.5-122B-A10B-FP8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkconsole.deploy import engines, freeing, netenv
+from sparkconsole.deploy import weights as W
+from sparkconsole.deploy.decisions import Decision, Option
+from sparkconsole.deploy.recon import NodeFacts, facts_from_output, normalize_image, recon_command
+from sparkconsole.deploy.runner import GoTo, Runner, StepFailed
+from sparkconsole.logs.vllm import VllmLogTracker
+from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
+from sparkconsole.planner.plan import PlanOptions, compare_tp
+from sparkconsole.planner.spec import load_spec
+from sparkconsole.remote import (
+    RemoteCommand,
+    command,
+    container_state,
+    docker_action,
+    docker_exec,
+    docker_pull,
+    docker_rm_force,
+    docker_run,
+    drop_caches,
+    file_from,
+    hf_download,
+    http_get,
+    http_post_json,
+    hub_tree,
+    image_copy,
+    image_id,
+    mkdir_p,
+    ping_df,
+    python_in_image,
+    rsync_dir,
+    serve_in_container,
+    ssh_to,
+    systemctl_action,
+)
+
+GIB = 1 << 30
+DEFAULT_MODEL = "Qwen/Qwen3.5-122B-A10B-FP8"
+STEP_IDS = ("recon", "plan", "engine", "network", "weights", "images", "free-memory", "caches", "cluster",
+            "serve", "verify")
+RAY_PORT = 6379
+API_PORT = 8000
+LAUNCH_MARGIN = 1 * GIB  # free memory kept above vLLM's start-up check
+
+
+@dataclass
+class Options:
+    """What the operator asked for (``sparkconsole deploy`` flags); ``None``: the wizard proposes."""
+
+    model: str = DEFAULT_MODEL
+    engine: str = "vllm"
+    executor: str | None = None
+    image: str | None = None
+    tp: int | None = None
+    max_model_len: int | None = None
+    port: int = API_PORT
+    served_name: str | None = None
+    reasoning_parser: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Options:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def model_dir_name(model: str) -> str:
+    owner, name = model.split("/", 1)
+    return f"models--{owner}--{name}"
+
+
+class Flow:
+    """What the steps share: the runner, the options, and everything read or decided so far."""
+
+    def __init__(self, runner: Runner, options: Options) -> None:
+        self.r = runner
+        self.o = options
+        self.spec = load_spec(options.model, offline=True)
+        self.steps: list[Step] = [cls(self) for cls in STEPS]
+
+    # -- facts --------------------------------------------------------------------------------
+    @property
+    def facts(self) -> dict[str, NodeFacts]:
+        return {n: NodeFacts.from_json(d) for n, d in self.r.state.facts.get("nodes", {}).items()}
+
+    def fact(self, node: str) -> NodeFacts:
+        return self.facts[node]
+
+    def put(self, key: str, value: Any) -> None:
+        self.r.state.facts[key] = value
+        self.r.save()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.r.state.facts.get(key, default)
+
+    @property
+    def head(self) -> str:
+        return self.r.head.name
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes this deployment spans: the head and as many workers as TP needs."""
+        n = int(self.get("tp") or self.o.tp or len(self.r.nodes))
+        names = [self.head] + [x.name for x in self.r.nodes if x.name != self.head]
+        return names[:max(1, n)]
+
+    def ip(self, node: str) -> str:
+        ip = self.fact(node).fast_ip()
+        if ip is None:
+            raise StepFailed(f"{node}: no fast-link address", "see the network step")
+        return ip
+
+    def user_at(self, node: str) -> str:
+        user = self.r.config.node(node).user or "root"
+        return f"{user}@{self.ip(node)}"
+
+    def job_dir(self, node: str) -> str:
+        return f"{self.fact(node).job_dir_base}/{self.r.state.short_id}"
+
+    def model_dir(self, node: str) -> str:
+        return f"{self.fact(node).hf_dir}/hub/{model_dir_name(self.o.model)}"
+
+    @property
+    def image(self) -> str:
+        return str(self.get("image") or self.o.image or "")
+
+    @property
+    def engine(self) -> str:
+        return str(self.get("engine") or self.o.engine)
+
+    @property
+    def executor(self) -> str:
+        return str(self.get("executor") or self.o.executor or "ray")
+
+    def container(self, role: str) -> str:
+        return f"sparkconsole-{role}-{self.r.state.short_id}"
+
+    def env(self, node: str) -> list[tuple[str, str]]:
+        return netenv.node_env(self.fact(node), self.ip(self.head))
+
+    async def recon(self, nodes: list[str] | None = None) -> dict[str, NodeFacts]:
+        """Read every node once (concurrently) and keep what was read."""
+        names = nodes or [n.name for n in self.r.nodes]
+
+        async def one(node: str) -> NodeFacts:
+            res = await self.r.read(node, recon_command(self.o.model), timeout=60)
+            if res.exit_status is None and not res.stdout:
+                return NodeFacts(node=node, reachable=False, reason=res.stderr.strip() or "no answer")
+            return facts_from_output(node, res.stdout)
+
+        got = await self.r.on_all(names, one)
+        stored = dict(self.r.state.facts.get("nodes", {}))
+        for f in got:
+            stored[f.node] = f.to_json()
+        self.put("nodes", stored)
+        return {f.node: f for f in got}
+
+
+class Step:
+    id = ""
+    title = ""
+
+    def __init__(self, flow: Flow) -> None:
+        self.f = flow
+
+    @property
+    def r(self) -> Runner:
+        return self.f.r
+
+    async def probe(self) -> str | None:
+        return None
+
+    async def decide(self) -> None:
+        return None
+
+    def plan(self) -> list[tuple[str, RemoteCommand]]:
+        return []
+
+    async def apply(self) -> None:
+        for node, cmd in self.plan():
+            res = await self.r.change(node, cmd)
+            if not res.ok:
+                raise StepFailed(f"{node}: {cmd.summary or cmd.shell()} failed: {res.stderr.strip()[-300:]}")
+
+    async def verify(self) -> None:
+        return None
+
+
+# ---- recon ----------------------------------------------------------------------------------------
+
+class Recon(Step):
+    id, title = "recon", "Read every node"
+
+    async def apply(self) -> None:
+        got = await self.f.recon()
+        for f in got.values():
+            if not f.reachable:
+                raise StepFailed(f"{f.node} cannot be reached: {f.reason}",
+                                 "check the node is on and `ssh` to it works; then --resume")
+            gib = (f.mem_available or 0) / GIB
+            links = ", ".join(f"{lk.netdev} {'Up' if lk.up else 'Down'}" for lk in f.links if lk.port == 1) or "?"
+            self.r.note(f"{f.gpu or 'GPU ?'}, driver {f.driver or '?'}, CUDA {f.cuda or '?'}, "
+                        f"{gib:.1f}/{(f.mem_total or 0) / GIB:.1f} GiB available, disk free "
+                        f"{(f.disk_free or 0) / 1e12:.2f} TB at {f.hf_dir}, docker {f.docker or '?'} "
+                        f"({f.storage_driver or '?'}), {len(f.images)} images, fast link {f.fast_ip() or 'none'} "
+                        f"({links}), Hub {'reachable' if f.hub else 'not reachable'}, "
+                        f"HF token {'present' if f.token else 'absent'}", node=f.node)
+        drivers = {f.driver for f in got.values() if f.driver}
+        if len(drivers) > 1:
+            self.r.note(f"driver versions differ between nodes: {', '.join(sorted(drivers))}", "warning")
+
+
+# ---- plan -----------------------------------------------------------------------------------------
+
+def _cuda_total(f: NodeFacts) -> float:
+    """What vLLM calls the device's total: on a GB10 the 121.69 GiB CUDA reports, else MemTotal."""
+    if f.gpu and "GB10" in f.gpu:
+        return DEFAULT_NODE_MEMORY_GIB * GIB
+    return float(f.mem_total or DEFAULT_NODE_MEMORY_GIB * GIB)
+
+
+class Plan(Step):
+    id, title = "plan", "Plan memory: one node or several"
+
+    async def decide(self) -> None:
+        f = self.f
+        facts = f.facts
+        n_nodes = len(self.r.nodes)
+        tp_n = f.o.tp or max(2, n_nodes) if n_nodes > 1 else 1
+        node_gib = min(_cuda_total(x) for x in facts.values()) / GIB
+        base = PlanOptions(node_memory_gib=node_gib, max_model_len=f.o.max_model_len)
+        rows = {row["tp"]: row for row in compare_tp(f.spec, base, tps=(1, tp_n) if tp_n > 1 else (1,))}
+        measured = []
+        for tp, row in rows.items():
+            if row.get("error"):
+                measured.append(f"TP={tp}: {row['error']}")
+                continue
+            measured.append(f"TP={tp}: {row['weights_gib_per_node']:.1f} GiB weights per node, "
+                            f"{row['kv_cache_gib_per_node']:.1f} GiB KV, {row['max_concurrency']:.1f}x "
+                            f"concurrency at {row['max_model_len']:,} tokens: "
+                            f"{'fits' if row['fits'] else 'does not fit'}")
+        options = []
+        for tp, row in rows.items():
+            if row.get("error"):
+                continue
+            label = "one Spark" if tp == 1 else f"TP={tp} over {tp} Sparks"
+            why = (f"{row['weights_gib_per_node']:.1f} GiB weights per node; "
+                   + ("fits" if row["fits"] else "out of memory on loading (the single-node OOM risk)"))
+            options.append(Option(f"tp{tp}", label, why))
+        fp8 = compare_tp(f.spec, PlanOptions(node_memory_gib=node_gib, max_model_len=f.o.max_model_len,
+                                             kv_cache_dtype="fp8"), tps=(tp_n,))[0]
+        if not fp8.get("error") and tp_n > 1:
+            options.append(Option(f"tp{tp_n}-fp8kv", f"TP={tp_n} with fp8 KV cache",
+                                  f"{fp8['max_concurrency']:.1f}x concurrency (twice the tokens, slightly lower quality)"))
+        options.append(Option("4bit", "a 4-bit variant on one Spark",
+                              "an NVFP4/INT4 build of the model fits one node (other checkpoint; this run stops)"))
+        fitting = [tp for tp, row in rows.items() if row.get("fits")]
+        rec = f"tp{min(fitting)}" if fitting else "4bit"
+        why = ("the cheapest layout that fits: " + (f"TP={min(fitting)}" if fitting else "none fits as asked")
+               + (f"; one Spark would run out of memory loading {rows[1]['weights_gib_per_node']:.0f} GiB"
+                  if 1 in rows and not rows[1].get("fits") and not rows[1].get("error") else ""))
+        d = Decision("plan.layout", self.id, "Single-node OOM risk: how to lay the model out",
+                     tuple(measured), tuple(options), rec, why)
+        answer = await self.r.decide(d)
+        if answer == "4bit":
+            raise StepFailed("a 4-bit variant was chosen: that is another checkpoint",
+                             "run `sparkconsole deploy --model <the 4-bit repo> --tp 1` (e.g. an NVFP4 build)")
+        tp = int(re.match(r"tp(\d+)", answer).group(1))  # type: ignore[union-attr]
+        kv = "fp8" if answer.endswith("fp8kv") else "auto"
+        chosen = compare_tp(f.spec, PlanOptions(node_memory_gib=node_gib, max_model_len=f.o.max_model_len,
+                                                kv_cache_dtype=kv), tps=(tp,))[0]
+        f.put("tp", tp)
+        f.put("kv_cache_dtype", kv)
+        mml = int(f.get("max_model_len_override") or chosen["max_model_len"])
+        f.put("max_model_len", mml)
+        # the memory each node must have free at launch, and gmu as free memory will allow
+        gmu = float(f.get("gmu_override") or 0.85)
+        f.put("gmu", gmu)
+        need = {n: int(gmu * _cuda_total(facts[n]) + LAUNCH_MARGIN) for n in f.nodes}
+        f.put("need", need)
+        choices = {n: freeing.choose(facts[n], need[n]) for n in f.nodes}
+        for n, c in choices.items():
+            what = ", ".join(c.stop) if c.stop else "nothing"
+            self.r.note(f"launch needs {need[n] / GIB:.1f} GiB free (gmu {gmu} of {_cuda_total(facts[n]) / GIB:.2f} "
+                        f"GiB); {c.available / GIB:.1f} GiB available now; must go: {what}"
+                        + ("" if c.enough else " (and still short)"), node=n)
+        self.r.note(f"plan: TP={tp}, --max-model-len {mml:,}, --gpu-memory-utilization {gmu}, KV {kv}, "
+                    f"{chosen['weights_gib_per_node']:.1f} GiB weights and {chosen['kv_cache_gib_per_node']:.1f} "
+                    f"GiB KV per node, {chosen['max_concurrency']:.1f}x concurrency")
+
+
+# ---- engine ---------------------------------------------------------------------------------------
+
+class Engine(Step):
+    id, title = "engine", "Engine: does the image know the model?"
+
+    async def _check(self, node: str, image: str) -> engines.EngineFacts:
+        archs = tuple(self.f.spec.geometry.architectures) or engines.QWEN35[:1]
+        cmd = python_in_image(image, engines.engine_program(archs))
+        res = await self.r.read(node, cmd, timeout=180)
+        ef = engines.parse_engine_output(image, res.stdout + res.stderr, res.exit_status)
+        checked = dict(self.f.get("engine_checks") or {})
+        checked[image] = {"versions": ef.versions, "archs": ef.archs, "error": ef.error}
+        self.f.put("engine_checks", checked)
+        return ef
+
+    async def decide(self) -> None:
+        f = self.f
+        archs = tuple(f.spec.geometry.architectures)
+        arch = archs[0] if archs else "?"
+        head = f.fact(f.head)
+        present = {normalize_image(i.ref) for x in f.facts.values() for i in x.images}
+        candidates = [f.o.image] if f.o.image else sorted(
+            (i.ref for i in head.images if "vllm" in i.ref or "sglang" in i.ref), reverse=True)
+        measured, good = [], []
+        for img in candidates:
+            if normalize_image(img) not in present:
+                measured.append(f"{img}: not on any node yet")
+                continue
+            ef = await self._check(f.head if head.image(img) else self._holder(img), img)
+            if ef.error:
+                measured.append(f"{img}: could not run its Python ({ef.error})")
+                continue
+            knows = ef.knows(arch)
+            measured.append(f"{img}: vLLM {ef.vllm or '-'}, transformers {ef.versions.get('transformers') or '-'}"
+                            f", SGLang {ef.versions.get('sglang') or '-'}: {arch} "
+                            f"{'registered' if knows else 'NOT registered' if knows is False else 'unknown'}")
+            if knows:
+                good.append((engines.version_tuple(ef.vllm or ef.versions.get("sglang")), img))
+        options = [Option(img, f"{img} (on the nodes, knows {arch})", "already here: nothing to pull")
+                   for _, img in sorted(good, reverse=True)]
+        for k in engines.KNOWN_IMAGES:
+            if k.engine == "vllm" and all(o.value != k.ref for o in options) and arch in k.archs:
+                options.append(Option(k.ref, f"{k.ref} (vLLM {k.version}, known to work)",
+                                      k.note + ("; present" if normalize_image(k.ref) in present else
+                                                "; pulled on a node with internet, copied to the others")))
+        sg = next((k for k in engines.KNOWN_IMAGES if k.engine == "sglang"), None)
+        if sg is not None:
+            options.append(Option("sglang", f"SGLang ({sg.ref})", sg.note, experimental=True))
+        rec = options[0].value
+        why = (f"{options[0].value} knows {arch}" if good else
+               f"no image on the nodes knows {arch}; {rec} does (pinned by its image ID after the pull)")
+        d = Decision("engine.image", self.id, "Engine compatibility: which image serves the model",
+                     tuple(measured), tuple(options), rec, why, free_text=True)
+        answer = await self.r.decide(d)
+        if answer == "sglang" and sg is not None:
+            f.put("engine", "sglang")
+            f.put("image", sg.ref)
+        else:
+            f.put("engine", "vllm")
+            f.put("image", answer)
+
+    def _holder(self, image: str) -> str:
+        for n, x in self.f.facts.items():
+            if x.image(image):
+                return n
+        return self.f.head
+
+    def plan(self) -> list[tuple[str, RemoteCommand]]:
+        img = self.f.image
+        if any(x.image(img) for x in self.f.facts.values()):
+            return []
+        src = next((n for n, x in self.f.facts.items() if x.hub), None)
+        return [(src, docker_pull(img))] if src else []
+
+    async def apply(self) -> None:
+        img = self.f.image
+        if not any(x.image(img) for x in self.f.facts.values()):
+            src = next((n for n, x in self.f.facts.items() if x.hub), None)
+            if src is None:
+                raise StepFailed(f"{img} is on no node and no node reaches the internet",
+                                 "load it on one node (`docker load < image.tar`), then --resume")
+            res = await self.r.change(src, docker_pull(img), timeout=3600, key=f"pull {img} {src}")
+            if not res.ok:
+                raise StepFailed(f"{src}: docker pull {img} failed: {res.stderr.strip()[-300:]}")
+            await self.f.recon([src])
+
+    async def verify(self) -> None:
+        f = self.f
+        img = f.image
+        arch = (f.spec.geometry.architectures or ["?"])[0]
+        ef = await self._check(self._holder(img), img)
+        if ef.knows(arch) is False:
+            self.r.forget("engine.image")
+            raise StepFailed(f"{img} does not know {arch} (vLLM {ef.vllm})",
+                             "choose another image: --resume and answer engine.image, or --image IMG")
+        ident = next((i.id for x in f.facts.values() for i in x.images if normalize_image(i.ref) == normalize_image(img)),
+                     "")
+        f.put("image_id", ident)
+        self.r.note(f"{img}: vLLM {ef.vllm or '-'}, SGLang {ef.versions.get('sglang') or '-'}, "
+                    f"{arch} registered; image ID {ident[:19]}")
+
+
+# ---- network --------------------------------------------------------------------------------------
+
+class Network(Step):
+    id, title = "network", "Fast link: port, addresses, MTU, a don't-fragment ping"
+
+    async def decide(self) -> None:
+        facts = [self.f.fact(n) for n in self.f.nodes]
+        if len(facts) < 2:
+            return
+        problems = netenv.check_links(facts)
+        mtu = [p for p in problems if p.kind == "mtu"]
+        hard = [p for p in problems if p.kind != "mtu"]
+        if hard:
+            p = hard[0]
+            raise StepFailed((f"{p.node}: " if p.node else "") + p.what, p.fix)
+        if mtu:
+            low = min(x.fast_link().mtu or 1500 for x in facts)  # type: ignore[union-attr]
+            d = Decision("network.mtu", self.id, "MTU differs between the ends of the fast link", (mtu[0].what,),
+                         (Option(f"set-{low}", f"set MTU {low} on every fast-link twin", "equal MTU; nothing else "
+                                 "changes"), Option("stop", "stop here", "fix the netplan by hand first")),
+                         f"set-{low}", "NCCL hangs (IBV_WC_LOC_LEN_ERR) when the MTUs differ")
+            if await self.r.decide(d) == "stop":
+                raise StepFailed(mtu[0].what, mtu[0].fix)
+            self.f.put("set_mtu", low)
+
+    def plan(self) -> list[tuple[str, RemoteCommand]]:
+        low = self.f.get("set_mtu")
+        out = []
+        if low:
+            for n in self.f.nodes:
+                for lk in self.f.fact(n).up_links():
+                    if lk.mtu != low and lk.netdev:
+                        out.append((n, command("sudo", "-n", "ip", "link", "set", "dev", lk.netdev, "mtu", str(low),
+                                               mutating=True, summary=f"set MTU {low} on {lk.netdev}")))
+        return out
+
+    async def apply(self) -> None:
+        await super().apply()
+        if self.f.get("set_mtu"):
+            await self.f.recon(self.f.nodes)
+
+    async def verify(self) -> None:
+        f = self.f
+        nodes = f.nodes
+        if len(nodes) < 2:
+            return
+        mtu = min((f.fact(n).fast_link().mtu or 1500) for n in nodes)  # type: ignore[union-attr]
+
+        async def check(i: int) -> str | None:
+            src, dst = nodes[i], nodes[(i + 1) % len(nodes)]
+            res = await self.r.read(src, ping_df(f.ip(dst), mtu - 28), timeout=30)
+            if not res.ok:
+                return (f"{src} → {dst} ({f.ip(dst)}): a {mtu}-byte don't-fragment ping failed: "
+                        f"{(res.stdout + res.stderr).strip().splitlines()[-1:] or ['no reply']}")
+            res = await self.r.read(src, ssh_to(f.user_at(dst), "true"), timeout=30)
+            if not res.ok:
+                return (f"{src} cannot ssh to {dst} over the fast link ({res.stderr.strip()[-200:]}); the copy "
+                        f"needs it: add {src}'s public key to {dst}'s authorized_keys")
+            return None
+
+        errors = [e for e in await asyncio.gather(*(check(i) for i in range(len(nodes)))) if e]
+        if errors:
+            raise StepFailed(errors[0], "check the cable and `ip addr` on both ends; ping with "
+                                        f"`ping -M do -s {mtu - 28} IP` until it answers")
+        for n in nodes:
+            env = " ".join(f"{k}={v}" for k, v in f.env(n))
+            self.r.note(f"environment: {env}", node=n)
+
+
+# ---- weights --------------------------------------------------------------------------------------
+
+def _find_sizes(snap: str) -> RemoteCommand:
+    return command("find", "-L", snap, "-type", "f", "-printf", "%s %P\\n")
+
+
+def _find_broken(snap: str) -> RemoteCommand:
+    return command("find", snap, "-xtype", "l")
+
+
+class Weights(Step):
+    id, title = "weights", "Weights: download once, copy over the fast link, verify everywhere"
+
+    async def _hub_files(self) -> list[W.HubFile]:
+        cached = self.f.get("hub_files")
+        if cached:
+            return [W.HubFile(**x) for x in cached]
+        src = next((n for n, x in self.f.facts.items() if x.hub), None)
+        if src is None:
+            return []
+        res = await self.r.read(src, hub_tree(self.f.o.model), timeout=60)
+        files = W.parse_tree(res.stdout)
+        self.f.put("hub_files", [x.__dict__ for x in files])
+        return files
+
+    async def _verify_node(self, node: str, hub: list[W.HubFile], hashes: bool = False) -> W.Verdict:
+        snap_root = f"{self.f.model_dir(node)}/snapshots"
+        sizes = await self.r.read(node, _find_sizes(snap_root), timeout=120)
+        broken = await self.r.read(node, _find_broken(snap_root), timeout=120)
+        listing = {re.sub(r"^[0-9a-f]{40}/", "", p): s for p, s in W.parse_sizes(sizes.stdout).items()}
+        bad_links = [re.sub(r"^.*/snapshots/[0-9a-f]{40}/", "", b) for b in broken.stdout.split("\n") if b.strip()]
+        sums = None
+        if hashes:
+            files = [f.path for f in hub if f.sha256 and listing.get(f.path) == f.size]
+            rev_dir = next((p.split("/")[0] for p in W.parse_sizes(sizes.stdout) if "/" in p), "")
+            if files and rev_dir:
+                paths = [f"{snap_root}/{rev_dir}/{p}" for p in files]
+                res = await self.r.read(node, command("sha256sum", *paths), timeout=3600)
+                sums = {k.split(f"/{rev_dir}/", 1)[-1]: v for k, v in W.parse_sha256sum(res.stdout).items()}
+        return W.compare(node, hub, listing, bad_links, sums)
+
+    async def probe(self) -> str | None:
+        hub = await self._hub_files()
+        if not hub:
+            return None
+        verdicts = await self.r.on_all(self.f.nodes, lambda n: self._verify_node(n, hub))
+        if all(v.complete for v in verdicts):
+            return "already on every node: " + "; ".join(f"{v.node} {v.summary()}" for v in verdicts)
+        return None
+
+    def _source(self) -> str | None:
+        done = self.f.get("weights_ok") or {}
+        for n in self.f.nodes:
+            if done.get(n):
+                return n
+        return next((n for n in self.f.nodes if self.f.fact(n).hub), None)
+
+    def plan(self) -> list[tuple[str, RemoteCommand]]:
+        src = self._source()
+        if src is None:
+            return []
+        out: list[tuple[str, RemoteCommand]] = [(src, hf_download(self.f.o.model))]
+        for n in self.f.nodes:
+            if n != src:
+                out.append((n, mkdir_p(self.f.model_dir(n))))
+                out.append((src, rsync_dir(self.f.model_dir(src), self.f.user_at(n), self.f.model_dir(n))))
+        return out
+
+    async def apply(self) -> None:
+        f = self.f
+        hub = await self._hub_files()
+        if not hub:
+            raise StepFailed("no node reaches the Hub, so the model's file list cannot be read",
+                             "connect one node to the internet, or copy the weights by hand and --resume")
+        src = self._source()
+        if src is None:
+            raise StepFailed("no node holds the weights and none reaches the Hub",
+                             "copy the model to one node's HF cache, then --resume")
+        ok = dict(f.get("weights_ok") or {})
+        v = await self._verify_node(src, hub)
+        if not v.complete:
+            job = await self.r.start_job(src, "weights-download", hf_download(f.o.model), f.job_dir(src))
+            rc = await self.r.wait_job(job, lambda text: self._download_progress(src, text))
+            if rc != 0:
+                raise StepFailed(f"{src}: hf download ended with exit {rc}",
+                                 "read the job's log; a re-run (--resume) keeps the finished files")
+            v = await self._verify_node(src, hub)
+            if not v.complete:
+                raise StepFailed(f"{src}: the download is incomplete: {v.summary()}", "--resume downloads the rest")
+        ok[src] = True
+        f.put("weights_ok", ok)
+
+        async def copy(n: str) -> None:
+            vv = await self._verify_node(n, hub)
+            if vv.complete:
+                return
+            await self.r.change(n, mkdir_p(f.model_dir(n)), key=f"mkdir weights {n}")
+            job = await self.r.start_job(src, f"weights-copy-{n}",
+                                         rsync_dir(f.model_dir(src), f.user_at(n), f.model_dir(n)), f.job_dir(src))
+            rc = await self.r.wait_job(job, lambda text: self._copy_progress(n, text))
+            if rc != 0:
+                raise StepFailed(f"copy to {n} ended with exit {rc}", "--resume continues it (--partial)")
+
+        await asyncio.gather(*(copy(n) for n in f.nodes if n != src))
+
+    def _download_progress(self, node: str, text: str) -> None:
+        last = re.split(r"[\r\n]", text.strip())[-1] if text.strip() else ""
+        m = re.search(r"(\d+)%\|.*?\|\s*(\d+)/(\d+)", last)
+        if m:
+            self.r.progress(node, "download", int(m.group(1)) / 100, last.strip()[-120:])
+
+    def _copy_progress(self, node: str, text: str) -> None:
+        for part in reversed(re.split(r"[\r\n]", text.strip())):
+            m = re.match(r"\s*([\d,]+)\s+(\d+)%\s+(\S+)\s+(\S+)", part)
+            if m:
+                self.r.progress(node, "copy", int(m.group(2)) / 100, part.strip())
+                return
+
+    async def verify(self) -> None:
+        hub = await self._hub_files()
+        verdicts = await self.r.on_all(self.f.nodes, lambda n: self._verify_node(n, hub, hashes=n != self._source()))
+        bad = [v for v in verdicts if not v.complete]
+        for v in verdicts:
+            self.r.note(f"weights: {v.summary()}", "info" if v.complete else "error", node=v.node)
+        if bad:
+            raise StepFailed(f"{bad[0].node}: weights incomplete: {bad[0].summary()}",
+                             "--resume copies what is missing (rsync -L --partial)")
+        self.f.put("weights_ok", {v.node: True for v in verdicts})
+
+
+# ---- images ---------------------------------------------------------------------------------------
+
+class Images(Step):
+    id, title = "images", "The image on every node, with the same ID"
+
+    def _missing(self) -> list[str]:
+        return [n for n in self.f.nodes if self.f.fact(n).image(self.f.image) is None]
+
+    async def probe(self) -> str | None:
+        ids = await self._ids()
+        if all(ids.get(n) for n in self.f.nodes) and len(set(ids.values())) == 1:
+            return f"{self.f.image} is on every node ({next(iter(ids.values()))[:19]})"
+        return None
+
+    async def _ids(self) -> dict[str, str]:
+        async def one(n: str) -> tuple[str, str]:
+            res = await self.r.read(n, image_id(self.f.image), timeout=30)
+            return n, res.stdout.strip() if res.ok else ""
+        return dict(await self.r.on_all(self.f.nodes, one))
+
+    def plan(self) -> list[tuple[str, RemoteCommand]]:
+        out: list[tuple[str, RemoteCommand]] = []
+        have = [n for n in self.f.nodes if n not in self._missing()]
+        for n in self._missing():
+            if self.f.fact(n).hub:
+                out.append((n, docker_pull(self.f.image)))
+            elif have:
+                out.append((have[0], image_copy(self.f.image, self.f.user_at(n))))
+        return out
+
+    async def apply(self) -> None:
+        ids = await self._ids()
+        have = [n for n, i in ids.items() if i]
+        if not have:
+            raise StepFailed(f"{self.f.image} is on no node", "go back to the engine step (--resume)")
+
+        async def bring(n: str) -> None:
+            if ids.get(n):
+                return
+            if self.f.fact(n).hub:
+                res = await self.r.change(n, docker_pull(self.f.image), timeout=3600, key=f"pull {self.f.image} {n}")
+                if not res.ok:
+                    raise StepFailed(f"{n}: docker pull failed: {res.stderr.strip()[-300:]}")
+                return
+            job = await self.r.start_job(have[0], f"image-copy-{n}", image_copy(self.f.image, self.f.user_at(n)),
+                                         self.f.job_dir(have[0]))
+            self.r.progress(n, "image", None, f"docker save | ssh {n} docker load")
+            rc = await self.r.wait_job(job)
+            if rc != 0:
+                raise StepFailed(f"copying {self.f.image} to {n} ended with exit {rc}", "--resume tries again")
+
+        await asyncio.gather(*(bring(n) for n in self.f.nodes))
+
+    async def verify(self) -> None:
+        ids = await self._ids()
+        if not all(ids.values()) or len(set(ids.values())) != 1:
+            desc = ", ".join(f"{n} {i[:19] or 'missing'}" for n, i in ids.items())
+            raise StepFailed(f"image IDs differ or are missing: {desc}",
+                             "use the same storage driver on every node (docker info) and copy again")
+        self.r.note(f"{self.f.image}: the same ID {next(iter(ids.values()))[:19]} on every node")
+
+
+# ---- free memory ----------------------------------------------------------------------------------
+
+class FreeMemory(Step):
+    id, title = "free-memory", "Free the memory the plan needs"
+
+    async def decide(self) -> None:
+        f = self.f
+        facts = await f.recon(f.nodes)  # fresh numbers: services kept serving while weights moved
+        need = {n: int(v) for n, v in (f.get("need") or {}).items()}
+        choices = {n: freeing.choose(facts[n], need.get(n, 0)) for n in f.nodes}
+        measured = []
+        for n, c in choices.items():
+            held = freeing.container_bytes(facts[n])
+            items = ", ".join(f"{k} {b / GIB:.1f} GiB" for k, b in sorted(held.items(), key=lambda kv: -kv[1]))
+            measured.append(f"{n}: {c.available / GIB:.1f} GiB available, {c.need / GIB:.1f} GiB needed; "
+                            f"running: {items or 'nothing'}; page cache {(facts[n].page_cache or 0) / GIB:.1f} GiB")
+        rec_stops = [f"{n}:{s}" for n, c in choices.items() for s in c.stop]
+        rec = ",".join(rec_stops) or "none"
+        every = [f"{n}:{s}" for n in f.nodes for s in sorted(freeing.container_bytes(facts[n]))]
+        options = [Option(rec, "stop " + (", ".join(rec_stops) or "nothing"),
+                          "the smallest set that makes the plan fit; the rest keeps serving")]
+        if every and ",".join(every) != rec:
+            options.append(Option(",".join(every), "stop every running service on these nodes", "most headroom"))
+        options.append(Option("none", "stop nothing", "the start will fail its free-memory check"
+                              if rec != "none" else "enough is free already"))
+        short = [n for n, c in choices.items() if not c.enough]
+        why = ("stopping these frees enough on every node" if not short else
+               f"even stopping everything leaves {', '.join(short)} short: lower --gpu-memory-utilization")
+        d = Decision("free-memory.stop", self.id, "Free memory: which services to stop", tuple(measured),
+                     tuple(options), rec, why, free_text=True)
+        answer = await self.r.decide(d)
+        stops = [] if answer == "none" else [x.split(":", 1) for x in answer.split(",") if ":" in x]
+        f.put("stops", stops)
+
+    def plan(self) -> list[tuple[str, RemoteCommand]]:
+        return [(n, docker_action("stop", name)) for n, name in self.f.get("stops") or []]
+
+    async def apply(self) -> None:
+        from sparkconsole.deploy.state import Stopped
+
+        for n, name in self.f.get("stops") or []:
+            res = await self.r.change(n, docker_action("stop", name), key=f"stop {n} {name}")
+            if not res.ok:
+                raise StepFailed(f"{n}: docker stop {name} failed: {res.stderr.strip()[-200:]}")
+            if not any(s.node == n and s.name == name for s in self.r.state.stopped):
+                self.r.state.stopped.append(Stopped(n, "container", name))
+                self.r.save()
+
+    async def verify(self) -> None:
+        facts = await self.f.recon(self.f.nodes)
+        need = self.f.get("need") or {}
+        for n in self.f.nodes:
+            have = facts[n].mem_available or 0
+            self.r.note(f"{have / GIB:.1f} GiB available (launch needs {int(need.get(n, 0)) / GIB:.1f})", node=n)
+            if have < int(need.get(n, 0)):
+                raise StepFailed(f"{n}: only {have / GIB:.1f} GiB available, {int(need[n]) / GIB:.1f} needed",
+                                 "stop more services (--resume, answer free-memory.stop) or lower "
+                                 "--gpu-memory-utilization")
+
+
+# ---- caches ---------------------------------------------------------------------------------------
+
+class Caches(Step):
+    id, title = "caches", "Drop the page cache right before launch"
+
+    async def decide(self) -> None:
+        facts = self.f.facts
+        cache = {n: (facts[n].page_cache or 0) / GIB for n in self.f.nodes}
+        d = Decision("caches.drop", self.id, "Drop the page cache on every node (sudo)",
+                     tuple(f"{n}: {c:.1f} GiB of page cache" for n, c in cache.items()),
+                     (Option("yes", "drop it now", "vLLM's start-up check counts only free memory"),
+                      Option("no", "leave it", "the start may fail its free-memory check")),
+                     "yes", "the weights just read and copied sit in the page cache, which vLLM does not count "
+                     "as free (vllm#35313)")
+        self.f.put("drop", await self.r.decide(d) == "yes")
+
+    def plan(self) -> list[tuple[str, RemoteCommand]]:
+        return [(n, drop_caches()) for n in self.f.nodes] if self.f.get("drop") else []
+
+    async def apply(self) -> None:
+        for n, cmd in self.plan():
+            res = await self.r.change(n, cmd)
+            if not res.ok:
+                raise StepFailed(f"{n}: dropping the page cache failed: {res.stderr.strip()[-200:]}",
+                                 "allow `sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'` for this user")
+
+
+# ---- cluster --------------------------------------------------------------------------------------
+
+DOCKER_OPTS = ["--network", "host", "--ipc", "host", "--gpus", "all", "--device", "/dev/infiniband",
+               "--ulimit", "memlock=-1", "--shm-size", "16g"]
+
+
+class Cluster(Step):
+    id, title = "cluster", "Ray head and workers, every GPU seen"
+
+    async def decide(self) -> None:
+        if self.f.engine == "sglang" or len(self.f.nodes) < 2:
+            self.f.put("executor", "native")
+            return
+        d = Decision("cluster.executor", self.id, "How the nodes join: Ray or vLLM's native multi-node",
+                     (f"{len(self.f.nodes)} nodes, TP={self.f.get('tp')}",),
+                     (Option("ray", "Ray head and workers in containers", "what the story's working run used; "
+                             "`ray status` proves every GPU joined before serving"),
+                      Option("native", "vLLM native --nnodes/--node-rank/--headless", "no Ray; workers start first")),
+                     self.f.o.executor or "ray", "Ray is what NVIDIA's playbook and the story's working run use")
+        self.f.put("executor", await self.r.decide(d))
+
+    def _ray_cmd(self, n: str) -> RemoteCommand:
+        f = self.f
+        ip = f.ip(n)
+        if n == f.head:
+            args = ["start", "--block", "--head", f"--node-ip-address={ip}", f"--port={RAY_PORT}"]
+        else:
+            args = ["start", "--block", f"--address={f.ip(f.head)}:{RAY_PORT}", f"--node-ip-address={ip}"]
+        hf = f.fact(n).hf_dir
+        return docker_run(f.container("ray"), f.image, options=DOCKER_OPTS, entrypoint="ray", args=args,
+                          env=f.env(n), mounts=[(hf, "/root/.cache/huggingface")],
+                          summary=f"start the Ray {'head' if n == f.head else 'worker'} on {n}")
+
+    def plan(self) -> list[tuple[str, RemoteCommand]]:
+        if self.f.executor != "ray":
+            return []
+        return [(n, self._ray_cmd(n)) for n in self.f.nodes]
+
+    async def _status(self) -> tuple[int, float]:
+        from sparkconsole.probe.parsers import parse_ray_status
+
+        res = await self.r.read(self.f.head, docker_exec(self.f.container("ray"), ["ray", "status"]), timeout=60,
+                                quiet=True)
+        st = parse_ray_status(res.stdout) if res.ok else None
+        return (st.active_nodes or 0, st.gpus_total or 0.0) if st else (0, 0.0)
+
+    async def probe(self) -> str | None:
+        if self.f.executor != "ray":
+            return "native multi-node: the engine starts the ranks itself (serve step)"
+        if self.r.state.started:
+            nodes, gpus = await self._status()
+            if nodes >= len(self.f.nodes) and gpus >= len(self.f.nodes):
+                return f"Ray is up: {nodes} nodes, {gpus:g} GPUs"
+        return None
+
+    async def apply(self) -> None:
+        from sparkconsole.deploy.state import Started
+
+        f = self.f
+        for n in f.nodes:
+            name = f.container("ray")
+            if any(s.node == n and s.name == name for s in self.r.state.started):
+                st = await self.r.read(n, container_state(name), timeout=30)
+                if st.ok and st.stdout.strip() == "running":
+                    continue
+                await self.r.change(n, docker_rm_force(name))
+            res = await self.r.change(n, self._ray_cmd(n), timeout=300)
+            if not res.ok:
+                raise StepFailed(f"{n}: the Ray container did not start: {res.stderr.strip()[-300:]}",
+                                 "check the port is free (ss -ltnp) and the image has Ray")
+            self.r.state.started.append(Started(n, "container", name, res.stdout.strip()[:64]))
+            self.r.save()
+
+    async def verify(self) -> None:
+        want = len(self.f.nodes)
+        deadline = time.monotonic() + self.r.settings.ray_join_timeout_s / self.r.settings.speed
+        nodes, gpus = 0, 0.0
+        while time.monotonic() < deadline:
+            nodes, gpus = await self._status()
+            self.r.progress(self.f.head, "ray", min(1.0, nodes / want), f"{nodes}/{want} nodes, {gpus:g} GPUs")
+            if nodes >= want and gpus >= want:
+                self.r.note(f"ray status: {nodes} nodes, {gpus:g} GPUs")
+                return
+            await asyncio.sleep(self.r.settings.poll_s)
+        raise StepFailed(f"Ray shows {nodes}/{want} nodes and {gpus:g} GPUs",
+                         "a worker did not join: check the fast link (network step) and the Ray port 6379")
+
+
+# ---- serve ----------------------------------------------------------------------------------------
+
+class Serve(Step):
+    id, title = "serve", "Start the engine and follow it to ready"
+
+    def _served(self) -> str:
+        return self.f.o.served_name or self.f.o.model.split("/", 1)[1].lower()
+
+    def _vllm_args(self) -> list[str]:
+        f = self.f
+        args = [f.o.model, "--tensor-parallel-size", str(f.get("tp") or 1),
+                "--gpu-memory-utilization", str(f.get("gmu") or 0.85),
+                "--max-model-len", str(f.get("max_model_len") or 65536),
+                "--served-model-name", self._served(), "--host", "0.0.0.0", "--port", str(f.o.port)]
+        if f.get("kv_cache_dtype") == "fp8":
+            args += ["--kv-cache-dtype", "fp8"]
+        parser = f.o.reasoning_parser or ("qwen3" if "qwen3" in f.o.model.lower() else None)
+        if parser:
+            args += ["--reasoning-parser", parser]
+        return args
+
+    def _log(self) -> str:
+        return f"{self.f.fact(self.f.head).hf_dir}/sparkconsole/{self.r.state.short_id}/serve.log"
+
+    def _commands(self) -> list[tuple[str, RemoteCommand]]:
+        f = self.f
+        env = [("VLLM_ENGINE_READY_TIMEOUT_S", "3600")]
+        if f.engine == "sglang":
+            out = []
+            for rank, n in reversed(list(enumerate(f.nodes))):
+                args = ["-m", "sglang.launch_server", "--model-path", f.o.model, "--tp", str(f.get("tp") or 1),
+                        "--nnodes", str(len(f.nodes)), "--node-rank", str(rank), "--dist-init-addr",
+                        f"{f.ip(f.head)}:20000", "--host", "0.0.0.0", "--port", str(f.o.port),
+                        "--mem-fraction-static", "0.70"]
+                out.append((n, docker_run(f.container("sglang"), f.image, options=DOCKER_OPTS, entrypoint="python3",
+                                          args=args, env=[*f.env(n), ("SGLANG_HOST_IP", f.ip(n))],
+                                          mounts=[(f.fact(n).hf_dir, "/root/.cache/huggingface")],
+                                          summary=f"start SGLang rank {rank} on {n}")))
+            return out
+        if f.executor == "native":
+            out = []
+            for rank, n in reversed(list(enumerate(f.nodes))):
+                args = [*self._vllm_args(), "--distributed-executor-backend", "mp", "--nnodes", str(len(f.nodes)),
+                        "--node-rank", str(rank), "--master-addr", f.ip(f.head), "--master-port", "29501"]
+                if rank:
+                    args.append("--headless")
+                out.append((n, docker_run(f.container("vllm"), f.image, options=DOCKER_OPTS, args=args,
+                                          env=[*f.env(n), *env], mounts=[(f.fact(n).hf_dir, "/root/.cache/huggingface")],
+                                          summary=f"start vLLM rank {rank} on {n}")))
+            return out
+        args = ["vllm", "serve", *self._vllm_args(), "--distributed-executor-backend", "ray"]
+        return [(f.head, serve_in_container(f.container("ray"), args, "/root/.cache/huggingface/sparkconsole/"
+                                            f"{self.r.state.short_id}/serve.log", env=env))]
+
+    def plan(self) -> list[tuple[str, RemoteCommand]]:
+        return self._commands()
+
+    async def probe(self) -> str | None:
+        res = await self.r.read(self.f.head, http_get(f"http://127.0.0.1:{self.f.o.port}/v1/models"), quiet=True)
+        if res.ok and f'"{self._served()}"' in res.stdout:
+            return f"already serving {self._served()} on port {self.f.o.port}"
+        return None
+
+    async def apply(self) -> None:
+        f = self.f
+        from sparkconsole.deploy.state import Started
+
+        if f.executor == "ray" and f.engine == "vllm":
+            await self.r.change(f.head, mkdir_p(f"{f.fact(f.head).hf_dir}/sparkconsole/{self.r.state.short_id}"),
+                                key="mkdir serve log")
+        for n, cmd in self._commands():
+            key = f"serve {n} {self.r.state.steps.get('serve-attempt', '1')}"
+            res = await self.r.change(n, cmd, timeout=300, key=key)
+            if not res.ok:
+                raise StepFailed(f"{n}: the engine did not start: {res.stderr.strip()[-300:]}")
+            if cmd.argv[:2] == ("docker", "run") and res.stdout.strip():
+                name = cmd.argv[cmd.argv.index("--name") + 1]
+                if not any(s.node == n and s.name == name for s in self.r.state.started):
+                    self.r.state.started.append(Started(n, "container", name, res.stdout.strip()[:64]))
+                    self.r.save()
+        await self._follow()
+
+    async def _follow(self) -> None:
+        f = self.f
+        tracker = VllmLogTracker()
+        offset = 0
+        last_change = time.monotonic()
+        deadline = time.monotonic() + self.r.settings.serve_timeout_s / self.r.settings.speed
+        sglang_or_native = f.engine == "sglang" or f.executor == "native"
+        while True:
+            if sglang_or_native:
+                res = await self.r.read(f.head, command("docker", "logs", f.container(
+                    "sglang" if f.engine == "sglang" else "vllm")), quiet=True)
+                text = (res.stdout + res.stderr)[offset:]
+                offset += len(text)
+            else:
+                res = await self.r.read(f.head, file_from(self._log(), offset), quiet=True)
+                text = res.stdout if res.ok else ""
+                offset += len(text.encode())
+            if text:
+                last_change = time.monotonic()
+                for line in text.splitlines():
+                    tracker.feed(line)
+                    if line.strip():
+                        self.r.emit_output(f.head, line)
+            rep = tracker.report()
+            if rep.shards_total:
+                self.r.progress(f.head, "weights", rep.shard_fraction,
+                                f"{rep.shards_done}/{rep.shards_total} shards")
+            if rep.state == "ready":
+                self.r.note(f"ready: weights {rep.model_load_gib} GiB per node, KV cache {rep.kv_cache_gib} GiB "
+                            f"({rep.kv_cache_tokens or '?'} tokens, {rep.max_concurrency or '?'}x concurrency)")
+                return
+            if rep.state == "failed":
+                await self._failed(rep)
+                return
+            idle = (time.monotonic() - last_change) * self.r.settings.speed
+            if idle > self.r.settings.hang_after_s:
+                await self._hung(idle)
+                return
+            if time.monotonic() > deadline:
+                await self._timeout()
+                return
+            await asyncio.sleep(self.r.settings.poll_s)
+
+    async def _failed(self, rep: Any) -> None:
+        kind = rep.failure_kind or "other"
+        back = {"oom": "plan", "unsupported_architecture": "engine", "nccl": "network", "ray": "cluster"}.get(kind)
+        proof = rep.failure_line or ""
+        options = []
+        if kind == "oom":
+            options.append(Option("shorter", "a shorter context and less memory", "--max-model-len halved, "
+                                  "gmu 0.80: more room for the weights' peak"))
+        if back:
+            options.append(Option(f"back-{back}", f"back to the {back} step", rep.advice or ""))
+        options.append(Option("stop", "stop here", "read the log and decide by hand"))
+        d = Decision("serve.failure", self.id, f"The engine failed to start ({kind})",
+                     (proof[:300], rep.advice or ""), tuple(options), options[0].value,
+                     rep.advice or f"the log shows a {kind} failure")
+        answer = await self.r.decide(d)
+        self.r.forget("serve.failure")
+        await self._remove_started()
+        self.r.state.steps["serve-attempt"] = str(int(self.r.state.steps.get("serve-attempt", "1")) + 1)
+        if answer == "shorter":
+            self.f.put("max_model_len_override", max(4096, int(self.f.get("max_model_len") or 65536) // 2))
+            self.f.put("gmu_override", 0.80)
+            raise GoTo("plan", "less context and memory after an out-of-memory start")
+        if answer.startswith("back-"):
+            if back == "engine":
+                self.r.forget("engine.image")
+            raise GoTo(back or "plan", f"{kind} failure")
+        raise StepFailed(f"the engine failed ({kind}): {proof[:200]}", rep.advice or "read the log")
+
+    async def _hung(self, idle: float) -> None:
+        d = Decision("serve.hang", self.id, "No progress: the start looks hung",
+                     (f"no new log line for {idle:.0f} s ({self.f.engine}, {len(self.f.nodes)} nodes)",),
+                     (Option("vllm", "back to vLLM with Ray", "vLLM over Ray worked in the same setup"),
+                      Option("wait", "wait longer", "a cold start can be slow"),
+                      Option("stop", "stop here", "")),
+                     "vllm" if self.f.engine == "sglang" else "wait",
+                     "SGLang's two-node NCCL start on GB10 stalls after 'CustomAllreduce is disabled'")
+        answer = await self.r.decide(d)
+        self.r.forget("serve.hang")
+        if answer == "wait":
+            return await self._follow()
+        await self._remove_started()
+        if answer == "vllm":
+            self.r.state.answers["engine.image"] = next(k.ref for k in engines.KNOWN_IMAGES if k.engine == "vllm")
+            self.f.put("engine", "vllm")
+            self.f.put("executor", "ray")
+            raise GoTo("engine", "the SGLang start hung: back to vLLM")
+        raise StepFailed("the engine start hung", "read the engine's log; NCCL needs both ranks")
+
+    async def _timeout(self) -> None:
+        raise StepFailed("the engine did not become ready in time",
+                         "a cold start can take long: --resume keeps waiting (VLLM_ENGINE_READY_TIMEOUT_S is 3600)")
+
+    async def _remove_started(self) -> None:
+        names = [s for s in self.r.state.started if "ray" not in s.name]
+        for s in names:
+            await self.r.change(s.node, docker_rm_force(s.name))
+            self.r.state.started.remove(s)
+        self.r.save()
+
+
+# ---- verify ---------------------------------------------------------------------------------------
+
+CHAT_PROMPT = "What is 12*17? Answer with the number."
+
+
+class Verify(Step):
+    id, title = "verify", "Health, models, one chat completion"
+
+    async def apply(self) -> None:
+        f = self.f
+        base = f"http://127.0.0.1:{f.o.port}"
+        served = Serve(f)._served()
+        health = await self.r.read(f.head, http_get(f"{base}/health", fail=True), timeout=30)
+        if not health.ok:
+            raise StepFailed(f"/health did not answer 200 (exit {health.exit_status})", "read the engine's log")
+        models = await self.r.read(f.head, http_get(f"{base}/v1/models"), timeout=30)
+        if f'"{served}"' not in models.stdout:
+            raise StepFailed(f"/v1/models does not name {served}: {models.stdout[:200]}",
+                             "another server holds the port? ss -ltnp")
+        body = json.dumps({"model": served, "messages": [{"role": "user", "content": CHAT_PROMPT}],
+                           "max_tokens": 512})
+        t0 = time.monotonic()
+        chat = await self.r.read(f.head, http_post_json(f"{base}/v1/chat/completions", body), timeout=600)
+        wall = (time.monotonic() - t0) * self.r.settings.speed
+        try:
+            data = json.loads(chat.stdout)
+            msg = data["choices"][0]["message"]
+            tokens = int((data.get("usage") or {}).get("completion_tokens") or 0)
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise StepFailed(f"the chat completion did not come back: {chat.stdout[:200] or chat.stderr[:200]}",
+                             "read the engine's log") from None
+        tps = tokens / wall if wall > 0 and tokens else None
+        f.put("tokens_per_s", tps)
+        answer = (msg.get("content") or "").strip().replace("\n", " ")
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
+        self.r.note(f"chat: {answer[:80]!r}; reasoning returned apart ({len(reasoning)} chars); "
+                    f"{tokens} tokens" + (f", {tps:.1f} tok/s" if tps else ""))
+        head_host = self.r.head.host
+        self.r.state.endpoint = f"http://{head_host}:{f.o.port}/v1"
+        self.r.state.result = "served"
+        self.r.save()
+
+
+STEPS: list[type[Step]] = [Recon, Plan, Engine, Network, Weights, Images, FreeMemory, Caches, Cluster, Serve, Verify]
+assert tuple(s.id for s in STEPS) == STEP_IDS
+
+
+@dataclass
+class Teardown:
+    """Stops only what this deployment started (by name and id), checks they are gone, and offers the
+    services it stopped back."""
+
+    flow: Flow
+    restored: list[str] = field(default_factory=list)
+
+    async def run(self) -> None:
+        r = self.flow.r
+        r.step = "teardown"
+        r.set_step("teardown", "running")
+        by_node: dict[str, list[str]] = {}
+        for s in r.state.started:
+            by_node.setdefault(s.node, []).append(s.name)
+        for n, names in by_node.items():
+            res = await r.change(n, docker_rm_force(*names))
+            if not res.ok and "No such container" not in res.stderr:
+                raise StepFailed(f"{n}: docker rm -f failed: {res.stderr.strip()[-200:]}")
+        from sparkconsole.probe.parsers import parse_docker_ps
+
+        for n, names in by_node.items():
+            ps = await r.read(n, command("docker", "ps", "-a", "--format", "{{json .}}"))
+            left = {c.name for c in parse_docker_ps(ps.stdout)} & set(names)
+            if left:
+                raise StepFailed(f"{n}: still there after removal: {', '.join(sorted(left))}")
+        r.state.started = []
+        r.save()
+        if r.state.stopped:
+            d = Decision("teardown.restore", "teardown", "Start the services this deployment stopped again",
+                         tuple(f"{s.node}: {s.name}" for s in r.state.stopped),
+                         (Option("yes", "start them again", "they ran before the deployment"),
+                          Option("no", "leave them stopped", "")), "yes", "put the nodes back as they were")
+            if await r.decide(d) == "yes":
+                for s in list(r.state.stopped):
+                    cmd = (docker_action("start", s.name) if s.kind == "container"
+                           else systemctl_action("start", s.name))
+                    res = await r.change(s.node, cmd)
+                    if res.ok:
+                        self.restored.append(f"{s.node}:{s.name}")
+                        r.state.stopped.remove(s)
+                        r.save()
+        r.state.result = "torn-down"
+        r.state.endpoint = None
+        r.set_step("teardown", "done")

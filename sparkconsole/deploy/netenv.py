@@ -1,0 +1,90 @@
+"""The network between the nodes: what must hold before NCCL is asked to use it, and the
+per-node environment derived from what recon read.
+
+Every value is per node and read, never one global guess: the fast-link address and netdev
+(``VLLM_HOST_IP``, ``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``, ``TP_SOCKET_IFNAME``,
+``UCX_NET_DEVICES``), both RoCE twins of the cabled port in ``NCCL_IB_HCA`` (one twin halves the
+bandwidth), and the RoCE v2 GID index of *this* node's device (it differs between nodes on some
+kits: deploy-failures.md §10).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from sparkconsole.deploy.recon import NodeFacts
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something off on the fast link, in words, with the exact fix."""
+
+    node: str
+    what: str
+    fix: str
+    kind: str  # link-down | no-address | subnet | mtu | port
+
+
+def check_links(facts: list[NodeFacts]) -> list[Problem]:
+    out: list[Problem] = []
+    ports = {}
+    for f in facts:
+        up = f.up_links()
+        if not up:
+            downs = ", ".join(f"{lk.netdev or lk.rdma}" for lk in f.links if lk.netdev) or "no ConnectX-7 port"
+            out.append(Problem(f.node, f"no ConnectX-7 port is Up ({downs} Down)",
+                               "seat one QSFP cable in the same port of every Spark (the outer port: enp1s0f1np1 "
+                               "/ enP2p1s0f1np1), then check `ibdev2netdev` shows (Up) on each; if it stays Down, "
+                               "power-cycle the Spark (a warm reboot can leave the f1 twins down)", "link-down"))
+            continue
+        ports[f.node] = sorted({lk.port for lk in up if lk.port is not None} | {_port_of(lk.netdev) for lk in up})
+        if f.fast_ip() is None:
+            names = ", ".join(lk.netdev or lk.rdma for lk in up)
+            out.append(Problem(f.node, f"the Up port ({names}) has no IPv4 address",
+                               f"give it one on every node, e.g. `sudo ip addr add 192.168.200.1X/24 dev "
+                               f"{up[0].netdev}` (netplan to keep it across reboots)", "no-address"))
+    if len({tuple(v) for v in ports.values()}) > 1:
+        desc = "; ".join(f"{n}: port {','.join(str(p) for p in v)}" for n, v in ports.items())
+        out.append(Problem("", f"the cable is not in the same port on every node ({desc})",
+                           "move the cable so the same physical port is used on each Spark", "port"))
+    ips = {f.node: f.fast_ip() for f in facts if f.fast_ip()}
+    nets = {}
+    for f in facts:
+        lk = f.fast_link()
+        if lk is None:
+            continue
+        addr = next(a for a in lk.ipv4 if a.split("/")[0] == ips[f.node])
+        nets[f.node] = ipaddress.ip_interface(addr if "/" in addr else addr + "/24").network
+    if len(set(nets.values())) > 1:
+        desc = ", ".join(f"{n} {ips[n]} ({net})" for n, net in nets.items())
+        out.append(Problem("", f"the fast-link addresses are not on one subnet: {desc}",
+                           "address the same twin of every node in one /24 (e.g. 192.168.200.0/24)", "subnet"))
+    mtus = {f.node: (f.fast_link().mtu if f.fast_link() else None) for f in facts}
+    if len({m for m in mtus.values() if m}) > 1:
+        desc = ", ".join(f"{n} {m}" for n, m in mtus.items())
+        out.append(Problem("", f"the MTU differs between the ends of the fast link ({desc}): NCCL hangs on that",
+                           "set the same MTU on every node's fast-link twins", "mtu"))
+    return out
+
+
+def _port_of(netdev: str | None) -> int:
+    if netdev and netdev.endswith(("np1", "f1")):
+        return 1
+    return 0
+
+
+def node_env(f: NodeFacts, head_ip: str) -> list[tuple[str, str]]:
+    """The environment one node's containers start with (Ray does not carry it across nodes)."""
+    lk = f.fast_link()
+    ip = f.fast_ip()
+    if lk is None or ip is None or not lk.netdev:
+        return []
+    hcas = [x.rdma for x in f.up_links()]
+    env = [("VLLM_HOST_IP", ip), ("RAY_NODE_IP_ADDRESS", ip), ("MASTER_ADDR", head_ip),
+           ("NCCL_SOCKET_IFNAME", lk.netdev), ("GLOO_SOCKET_IFNAME", lk.netdev), ("TP_SOCKET_IFNAME", lk.netdev),
+           ("UCX_NET_DEVICES", lk.netdev), ("NCCL_IB_HCA", ",".join(hcas)), ("NCCL_IB_DISABLE", "0")]
+    if lk.gid_v2_index is not None:
+        env.append(("NCCL_IB_GID_INDEX", str(lk.gid_v2_index)))
+    env += [("RAY_memory_monitor_refresh_ms", "0"), ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]
+    return env

@@ -1,0 +1,305 @@
+"""Recon: one read-only exec per node that reads everything the deployment decides on.
+
+The script is the probe's own sections (memory, GPU, per-process GPU memory, ConnectX-7 ports,
+addresses, containers: read by the same parsers into a :class:`NodeSample`) plus what only a
+deployment needs: Docker's storage driver and images with digests, the RoCE v2 GID table, where
+``$HOME``/``HF_HOME`` point and how much disk is free there, whether the node reaches the Hub,
+whether a Hugging Face token is present (never its value), and who listens on which port.
+
+:class:`NodeFacts` is plain data (it is saved in the deployment's state, so a resumed run knows
+what was read without reading it again).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sparkconsole.probe import parsers as P
+from sparkconsole.probe.assemble import assemble_sample
+from sparkconsole.probe.samples import NodeSample
+from sparkconsole.probe.script import SECTION_BY_NAME, split_tick
+from sparkconsole.remote import SECTION_MARK, RemoteScript, hub_reachable, sectioned
+
+PROBE_SECTIONS = ("hostname", "uname", "meminfo", "gpu", "gpu-apps", "nvidia-smi", "ibdev2netdev", "ib-ports",
+                  "ip-addr", "docker-ps", "docker-stats", "docker-version")
+
+# Constant shell text (nothing interpolated): where the weights go, and what is there.
+_HF_DIR = '"${HF_HOME:-$HOME/.cache/huggingface}"'
+HOME_TEXT = 'echo "$HOME"; echo "${HF_HOME:-}"'
+DISK_TEXT = f"mkdir -p {_HF_DIR}/hub && df -B1 -P {_HF_DIR}"
+TOKEN_TEXT = (f'if [ -n "${{HF_TOKEN:-}}" ] || [ -s {_HF_DIR}/token ]; then echo yes; else echo no; fi')
+GIDS_TEXT = ("grep -H . /sys/class/infiniband/*/ports/1/gids/* /sys/class/infiniband/*/ports/1/gid_attrs/types/* "
+             "2>/dev/null")
+IMAGES_TEXT = "docker images --digests --format '{{json .}}'"
+DRIVER_TEXT = "docker info --format '{{.Driver}}'"
+PORTS_TEXT = "ss -ltnp"
+# which container each GPU process belongs to: the first line of its cgroup names the scope
+CGROUP_TEXT = ("for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do "
+               'echo "$p $(head -n 1 /proc/$p/cgroup 2>/dev/null)"; done')
+
+
+def recon_command(model: str) -> RemoteScript:
+    sections: list[tuple[str, Any]] = [(n, SECTION_BY_NAME[n].shell()) for n in PROBE_SECTIONS]
+    sections += [("home", HOME_TEXT), ("disk", DISK_TEXT), ("token", TOKEN_TEXT), ("gids", GIDS_TEXT),
+                 ("images", IMAGES_TEXT), ("storage", DRIVER_TEXT), ("ports", PORTS_TEXT),
+                 ("cgroups", CGROUP_TEXT), ("hub", hub_reachable(model))]
+    return sectioned(sections, summary="read the node (recon)")
+
+
+@dataclass
+class ImageFacts:
+    ref: str  # repo:tag
+    id: str  # sha256:…
+    digest: str | None = None
+    size: str | None = None
+
+
+@dataclass
+class Listener:
+    port: int
+    address: str
+    process: str | None = None
+    pid: int | None = None
+
+
+@dataclass
+class Holder:
+    """What holds memory on the node: a container (by name) or a GPU process without one."""
+
+    kind: str  # container | process | unit
+    name: str
+    bytes: int
+    detail: str = ""
+    running: bool = True
+
+
+@dataclass
+class LinkFacts:
+    rdma: str
+    netdev: str | None
+    up: bool
+    port: int | None
+    ipv4: list[str] = field(default_factory=list)
+    mtu: int | None = None
+    gid_v2_index: int | None = None  # the RoCE v2 entry whose address is ::ffff:<ipv4>
+
+
+@dataclass
+class NodeFacts:
+    node: str
+    reachable: bool = True
+    reason: str = ""
+    gpu: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    mem_total: int | None = None
+    mem_available: int | None = None
+    page_cache: int | None = None
+    home: str | None = None
+    hf_home: str | None = None
+    disk_free: int | None = None
+    disk_mount: str | None = None
+    docker: str | None = None
+    storage_driver: str | None = None
+    images: list[ImageFacts] = field(default_factory=list)
+    containers: list[dict[str, Any]] = field(default_factory=list)
+    holders: list[Holder] = field(default_factory=list)
+    links: list[LinkFacts] = field(default_factory=list)
+    hub: bool = False
+    hub_detail: str = ""
+    token: bool = False
+    listeners: list[Listener] = field(default_factory=list)
+    read_at: float = 0.0
+
+    # -- derived ------------------------------------------------------------------------------
+    @property
+    def hf_dir(self) -> str:
+        if self.hf_home:
+            return self.hf_home.rstrip("/")
+        return f"{(self.home or '/root').rstrip('/')}/.cache/huggingface"
+
+    @property
+    def job_dir_base(self) -> str:
+        return f"{(self.home or '/root').rstrip('/')}/.cache/sparkconsole"
+
+    def up_links(self) -> list[LinkFacts]:
+        return [lk for lk in self.links if lk.up]
+
+    def fast_ip(self) -> str | None:
+        """The first IPv4 on an Up ConnectX-7 twin (the one NCCL/Ray/rsync should use)."""
+        for lk in sorted(self.up_links(), key=lambda x: (x.netdev or "").startswith("enP")):
+            if lk.ipv4:
+                return lk.ipv4[0].split("/")[0]
+        return None
+
+    def fast_link(self) -> LinkFacts | None:
+        ip = self.fast_ip()
+        return next((lk for lk in self.links if ip and any(a.split("/")[0] == ip for a in lk.ipv4)), None)
+
+    def image(self, ref: str) -> ImageFacts | None:
+        want = normalize_image(ref)
+        return next((i for i in self.images if normalize_image(i.ref) == want), None)
+
+    def holder_of_port(self, port: int) -> Listener | None:
+        return next((x for x in self.listeners if x.port == port), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeFacts:
+        d = dict(data)
+        d["images"] = [ImageFacts(**i) for i in d.get("images") or []]
+        d["holders"] = [Holder(**h) for h in d.get("holders") or []]
+        d["links"] = [LinkFacts(**x) for x in d.get("links") or []]
+        d["listeners"] = [Listener(**x) for x in d.get("listeners") or []]
+        return cls(**d)
+
+
+def normalize_image(ref: str) -> str:
+    ref = ref.removeprefix("docker.io/")
+    if "@" in ref:
+        return ref
+    if ":" not in ref.rsplit("/", 1)[-1]:
+        ref += ":latest"
+    return ref
+
+
+# ---- parsing ----------------------------------------------------------------------------------
+
+def parse_gids(text: str) -> dict[str, int]:
+    """``grep -H .`` over ``gids/N`` and ``gid_attrs/types/N``: RDMA device → the index of its RoCE v2
+    GID whose address is IPv4-mapped (``::ffff:a.b.c.d``), the one NCCL_IB_GID_INDEX must name."""
+    gids: dict[tuple[str, int], str] = {}
+    types: dict[tuple[str, int], str] = {}
+    rx = re.compile(r"^/sys/class/infiniband/([^/]+)/ports/\d+/(gids|gid_attrs/types)/(\d+):(.*)$")
+    for line in text.splitlines():
+        m = rx.match(line.strip())
+        if not m:
+            continue
+        key = (m.group(1), int(m.group(3)))
+        (gids if m.group(2) == "gids" else types)[key] = m.group(4).strip()
+    out: dict[str, int] = {}
+    for (dev, idx), gid in sorted(gids.items()):
+        if dev in out:
+            continue
+        if gid.lower().startswith("0000:0000:0000:0000:0000:ffff:") and "v2" in types.get((dev, idx), "").lower():
+            out[dev] = idx
+    return out
+
+
+def parse_images(text: str) -> list[ImageFacts]:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        repo, tag = d.get("Repository"), d.get("Tag")
+        if not repo or repo == "<none>":
+            continue
+        digest = d.get("Digest")
+        out.append(ImageFacts(ref=f"{repo}:{tag}", id=str(d.get("ID") or ""),
+                              digest=None if digest in (None, "", "<none>") else digest, size=d.get("Size")))
+    return out
+
+
+_SS = re.compile(r"^LISTEN\s+\d+\s+\d+\s+(\S+):(\d+)\s+\S+\s*(.*)$")
+_SS_USER = re.compile(r'\(\("([^"]+)",pid=(\d+)')
+
+
+def parse_ss(text: str) -> list[Listener]:
+    """``ss -ltnp``: each listening TCP port with the process holding it when ss could tell."""
+    out: dict[int, Listener] = {}
+    for line in text.splitlines():
+        m = _SS.match(line.strip())
+        if not m:
+            continue
+        port = int(m.group(2))
+        u = _SS_USER.search(m.group(3))
+        if port not in out or (u and out[port].process is None):
+            out[port] = Listener(port=port, address=m.group(1), process=u.group(1) if u else None,
+                                 pid=int(u.group(2)) if u else None)
+    return sorted(out.values(), key=lambda x: x.port)
+
+
+_SCOPE = re.compile(r"(?:docker[-/]|/)([0-9a-f]{64})(?:\.scope)?")
+
+
+def parse_cgroups(text: str) -> dict[int, str]:
+    """``PID 0::/system.slice/docker-<64 hex>.scope`` lines: GPU pid → full container id."""
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        pid, _, rest = line.strip().partition(" ")
+        m = _SCOPE.search(rest)
+        if pid.isdigit() and m:
+            out[int(pid)] = m.group(1)
+    return out
+
+
+def _holders(sample: NodeSample, owners: dict[int, str]) -> list[Holder]:
+    """Memory per container (``docker stats``: its processes' host memory) and every GPU process
+    (``--query-compute-apps``: on a Spark the engine's CUDA allocations, which docker stats does
+    not count), each GPU process tied to its container through its cgroup when that was read."""
+    out: list[Holder] = []
+    ids: dict[str, str] = {}
+    for c in sample.containers:
+        if c.name is None:
+            continue
+        out.append(Holder("container", c.name, int(c.mem_used_bytes or 0), detail=c.image or "",
+                          running=c.state == "running"))
+        if c.id:
+            ids[c.id] = c.name
+    for p in sample.gpu_processes:
+        full = owners.get(int(p.pid or -1), "")
+        owner = next((name for short, name in ids.items() if full.startswith(short)), None)
+        out.append(Holder("process", p.name or f"pid {p.pid}", int(p.memory_mib or 0) << 20,
+                          detail=f"container {owner}" if owner else f"pid {p.pid}"))
+    return out
+
+
+def facts_from_output(node: str, stdout: str, now: float | None = None) -> NodeFacts:
+    """Everything one recon exec printed, read into :class:`NodeFacts` (never raises)."""
+    now = time.time() if now is None else now
+    secs = split_tick(stdout.splitlines(), mark=SECTION_MARK)
+    sample = assemble_sample(node, now, {k: v for k, v in secs.items() if k in PROBE_SECTIONS})
+    f = NodeFacts(node=node, read_at=now)
+    g = sample.gpus[0] if sample.gpus else None
+    f.gpu = g.name if g else None
+    f.driver = sample.driver_version or (g.driver_version if g else None)
+    f.cuda = sample.cuda_version
+    f.mem_total = sample.memory.total_bytes
+    f.mem_available = sample.memory.available_bytes
+    f.page_cache = sample.memory.page_cache_bytes
+    f.docker = sample.host.docker_version
+    f.containers = [{"name": c.name, "image": c.image, "state": c.state, "status": c.status,
+                     "mem": c.mem_used_bytes, "cpu": c.cpu_pct} for c in sample.containers]
+    f.holders = _holders(sample, parse_cgroups(secs["cgroups"].text) if "cgroups" in secs else {})
+    home = (secs["home"].text.splitlines() if "home" in secs else []) + ["", ""]
+    f.home, f.hf_home = home[0].strip() or None, home[1].strip() or None
+    if "disk" in secs:
+        du = P.parse_df(secs["disk"].text)
+        f.disk_free, f.disk_mount = du.available_bytes, du.mount
+    f.token = "token" in secs and secs["token"].text.strip().endswith("yes")
+    if "images" in secs:
+        f.images = parse_images(secs["images"].text)
+    if "storage" in secs and secs["storage"].rc == 0:
+        f.storage_driver = secs["storage"].text.strip() or None
+    if "ports" in secs:
+        f.listeners = parse_ss(secs["ports"].text)
+    hub = secs.get("hub")
+    code = hub.text.strip().splitlines()[-1] if hub and hub.text.strip() else ""
+    f.hub = bool(hub and hub.rc == 0 and code in ("200", "401", "403"))
+    f.hub_detail = code if f.hub else (code or "no answer")
+    gid = parse_gids(secs["gids"].text) if "gids" in secs else {}
+    for lk in sample.links:
+        f.links.append(LinkFacts(rdma=lk.rdma_device, netdev=lk.netdev, up=lk.state == "up", port=lk.port,
+                                 ipv4=list(lk.ipv4), mtu=lk.mtu, gid_v2_index=gid.get(lk.rdma_device)))
+    return f

@@ -1,0 +1,249 @@
+"""The runner: walks the steps, sends their commands, keeps the state, and says what happens.
+
+Every command goes through :meth:`Runner.read` (read-only) or :meth:`Runner.change` (changes a
+node: refused read-only, shown before it runs by a :class:`CommandEvent` without ``rc``, confirmed
+through the step's ``confirm`` callback, journaled with the deployment and step ids, and the state
+saved right after). Long work runs detached on the node (:meth:`start_job`): its pid and files are
+saved before anything waits on it, so a console killed mid-copy re-attaches on ``--resume`` and
+never starts the same job twice (:meth:`wait_job`).
+
+A step raises :class:`StepFailed` (with the fix in words) to end the run, or :class:`GoTo` to send
+the flow back to an earlier step (a failed start turned into a decision: OOM → plan, unsupported
+architecture → engine, NCCL → network).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkconsole.config import ClusterConfig, NodeConfig
+from sparkconsole.deploy.decisions import Answerer, Decision
+from sparkconsole.deploy.events import (
+    CommandEvent,
+    DecisionEvent,
+    Event,
+    NoteEvent,
+    OutputEvent,
+    ProgressEvent,
+    StepEvent,
+)
+from sparkconsole.deploy.state import DeploymentState, Job, StateStore
+from sparkconsole.errors import ReadOnlyError, TransportError
+from sparkconsole.journal import Journal
+from sparkconsole.remote import JobFiles, RemoteCommand, detached, job_check, kill_job
+from sparkconsole.transport.base import CommandResult, Transport
+
+
+class StepFailed(Exception):
+    """The step cannot go on; ``fix`` says what the operator should do."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+
+class GoTo(Exception):
+    """Go back to ``step`` (and run every step after it again)."""
+
+    def __init__(self, step: str, why: str) -> None:
+        super().__init__(step)
+        self.step = step
+        self.why = why
+
+
+Confirm = Callable[[str, Sequence[tuple[str, RemoteCommand]]], Awaitable[bool]]
+
+
+async def _yes(step: str, commands: Sequence[tuple[str, RemoteCommand]]) -> bool:
+    return True
+
+
+@dataclass
+class Settings:
+    """How the runner paces itself: job polls, command timeouts, how long a start may take."""
+
+    poll_s: float = 2.0
+    command_timeout_s: float = 120.0
+    serve_timeout_s: float = 3600.0
+    hang_after_s: float = 600.0  # no new engine log line for this long: a hang (SGLang's NCCL stall)
+    ray_join_timeout_s: float = 180.0
+    speed: float = 1.0  # node seconds per wall second (the demo runs accelerated)
+
+
+@dataclass
+class Runner:
+    config: ClusterConfig
+    state: DeploymentState
+    transports: dict[str, Transport]
+    answer: Answerer
+    emit: Callable[[Event], None]
+    store: StateStore | None = None
+    journal: Journal | None = None
+    confirm: Confirm = _yes
+    settings: Settings = field(default_factory=Settings)
+    read_only: bool = False
+    plan_only: bool = False
+    step: str = ""  # the step running now (commands are journaled under it)
+
+    # ---- nodes ------------------------------------------------------------------------------
+    @property
+    def nodes(self) -> list[NodeConfig]:
+        return list(self.config.nodes)
+
+    @property
+    def head(self) -> NodeConfig:
+        head = self.config.head
+        assert head is not None
+        return head
+
+    def transport(self, node: str) -> Transport:
+        return self.transports[node]
+
+    def save(self) -> None:
+        if self.store is not None and not self.plan_only:
+            self.store.save(self.state)
+
+    def note(self, text: str, level: str = "info", node: str = "") -> None:
+        self.emit(NoteEvent(self.step, text, level, node))  # type: ignore[arg-type]
+
+    def emit_output(self, node: str, text: str) -> None:
+        self.emit(OutputEvent(self.step, node, text))
+
+    def progress(self, node: str, label: str, fraction: float | None, detail: str = "") -> None:
+        self.emit(ProgressEvent(self.step, node, label, fraction, detail))
+
+    def set_step(self, step: str, state: str, note: str = "") -> None:
+        self.state.steps[step] = state
+        self.save()
+        self.emit(StepEvent(step, state, note))  # type: ignore[arg-type]
+
+    # ---- commands ---------------------------------------------------------------------------
+    async def _send(self, node: str, cmd: RemoteCommand, timeout: float) -> CommandResult:
+        text = cmd.shell()
+        start = time.monotonic()
+        try:
+            return await self.transport(node).run(cmd, timeout=timeout)
+        except TransportError as exc:
+            return CommandResult(text, None, "", exc.message, time.monotonic() - start)
+
+    async def read(self, node: str, cmd: RemoteCommand, timeout: float | None = None,
+                   quiet: bool = False) -> CommandResult:
+        """A read-only command: sent at once, never journaled."""
+        res = await self._send(node, cmd, timeout or self.settings.command_timeout_s)
+        if not quiet:
+            self.emit(CommandEvent(self.step, node, cmd.shell(), _rc(res), cmd.summary, False,
+                                   round(res.duration_s, 3), "" if res.ok else _tail(res)))
+        return res
+
+    async def change(self, node: str, cmd: RemoteCommand, timeout: float | None = None,
+                     key: str | None = None) -> CommandResult:
+        """A command that changes the node: refused read-only, shown, journaled, state saved.
+
+        ``key`` names the change for resume: a change whose key finished before is not sent again
+        (its result is taken as ok)."""
+        text = cmd.shell()
+        if key is not None and key in self.state.done_commands:
+            self.emit(CommandEvent(self.step, node, text, 0, cmd.summary + " (done before, not repeated)", True))
+            return CommandResult(text, 0, "", "", 0.0)
+        if self.read_only:
+            raise ReadOnlyError(f"read-only: {cmd.summary or text} on {node} refused")
+        self.emit(CommandEvent(self.step, node, text, None, cmd.summary, True))
+        res = await self._send(node, cmd, timeout or self.settings.command_timeout_s)
+        if self.journal is not None:
+            self.journal.record(node=node, command=text, summary=cmd.summary, exit_code=res.exit_status,
+                                duration_s=res.duration_s, error=None if res.ok else _tail(res),
+                                deployment=self.state.id, step=self.step)
+        if res.ok and key is not None:
+            self.state.done_commands.append(key)
+        self.save()
+        self.emit(CommandEvent(self.step, node, text, _rc(res), cmd.summary, True, round(res.duration_s, 3),
+                               "" if res.ok else _tail(res)))
+        return res
+
+    async def on_all(self, nodes: Sequence[str], fn: Callable[[str], Awaitable[Any]]) -> list[Any]:
+        """``fn(node)`` on every node at once (one slow node never holds the others up)."""
+        return list(await asyncio.gather(*(fn(n) for n in nodes)))
+
+    # ---- decisions --------------------------------------------------------------------------
+    async def decide(self, d: Decision) -> str:
+        """The answer to ``d``: kept from an earlier run of this deployment, else asked."""
+        if d.id in self.state.answers and (d.option(self.state.answers[d.id]) or d.free_text):
+            answer, by = self.state.answers[d.id], "earlier"
+        else:
+            answer, by = await self.answer(d)
+            self.state.answers[d.id] = answer
+            self.save()
+        self.emit(DecisionEvent(d.id, d.title, d.recommended, answer, d.why, list(d.measured),
+                                [{"value": o.value, "label": o.label, "why": o.why,
+                                  **({"experimental": "yes"} if o.experimental else {})} for o in d.options],
+                                by))
+        return answer
+
+    def forget(self, *decision_ids: str) -> None:
+        """Drop answers so the decisions are asked again (the flow went back)."""
+        for d in decision_ids:
+            self.state.answers.pop(d, None)
+
+    # ---- detached jobs ----------------------------------------------------------------------
+    async def start_job(self, node: str, key: str, inner: RemoteCommand, job_dir: str) -> Job:
+        """Start ``inner`` detached on ``node`` unless this deployment already started it (then the
+        saved job is returned and waited on again: nothing runs twice)."""
+        if key in self.state.jobs:
+            job = self.state.jobs[key]
+            self.note(f"{inner.summary}: re-attached to the job started before (pid {job.pid})", node=node)
+            return job
+        files = JobFiles.under(job_dir, key)
+        res = await self.change(node, detached(job_dir, files, inner))
+        pid = _last_int(res.stdout)
+        if not res.ok or pid is None:
+            raise StepFailed(f"{node}: could not start {inner.summary or 'the job'}: {_tail(res) or 'no pid'}")
+        job = Job(node=node, pid=pid, log=files.log, rc=files.rc, what=inner.summary)
+        self.state.jobs[key] = job
+        self.save()
+        return job
+
+    async def wait_job(self, job: Job, on_output: Callable[[str], None] | None = None) -> int:
+        """Poll the job until it ends; its exit code. A job that neither runs nor left an exit code
+        was killed (the node rebooted, someone killed it): -1."""
+        while True:
+            res = await self.read(job.node, job_check(JobFiles(job.log, job.rc), job.pid), quiet=True)
+            if res.exit_status is None:
+                await asyncio.sleep(self.settings.poll_s)
+                continue
+            head, _, rest = res.stdout.partition("\n")
+            if on_output is not None and rest:
+                on_output(rest)
+            word = head.strip()
+            if word.startswith("rc "):
+                with contextlib.suppress(ValueError):
+                    return int(word.split()[1])
+                return -1
+            if word == "lost":
+                return -1
+            await asyncio.sleep(self.settings.poll_s)
+
+    async def stop_job(self, job: Job) -> None:
+        await self.change(job.node, kill_job(job.pid))
+
+
+def _rc(res: CommandResult) -> int:
+    return -1 if res.exit_status is None else res.exit_status
+
+
+def _tail(res: CommandResult, lines: int = 4) -> str:
+    text = (res.stderr or res.stdout or "").strip()
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _last_int(text: str) -> int | None:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.isdigit():
+            return int(line)
+    return None

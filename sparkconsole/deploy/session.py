@@ -1,0 +1,134 @@
+"""One deployment, start to end: open the nodes, walk the flow, say the result.
+
+:func:`run_flow` is what the CLI and the TUI both call. It honours ``--until`` (stop after that
+step, a success), ``--plan-only`` (decide with the given answerer and print each step's commands;
+nothing that changes a node is sent), resume (steps already ``done`` are skipped without being
+probed again; a step that was ``running`` is re-entered and its jobs re-attached), and
+:class:`GoTo` (back to an earlier step, at most a few times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sparkconsole.deploy.decisions import DecisionStop
+from sparkconsole.deploy.events import Event, ResultEvent
+from sparkconsole.deploy.flow import STEP_IDS, Flow, Teardown
+from sparkconsole.deploy.runner import GoTo, StepFailed
+from sparkconsole.errors import ReadOnlyError, UserError
+from sparkconsole.remote import RemoteCommand
+
+MAX_JUMPS = 4
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    result: ResultEvent
+    stopped_at: str | None = None
+
+
+def _result(flow: Flow, ok: bool, message: str) -> ResultEvent:
+    st = flow.r.state
+    tps = flow.get("tokens_per_s")
+    return ResultEvent(ok, st.endpoint if ok else None, message, round(tps, 1) if tps else None)
+
+
+async def run_flow(flow: Flow, *, until: str | None = None,
+                   on_plan: Callable[[str, str, list[tuple[str, RemoteCommand]]], None] | None = None) -> Outcome:
+    """Walk the steps. ``on_plan(step, title, commands)`` receives each step's planned commands
+    (``--plan-only``: only that, nothing applied)."""
+    r = flow.r
+    if until is not None and until not in STEP_IDS:
+        raise UserError(f"--until: no step {until!r} (steps: {', '.join(STEP_IDS)})")
+    order = [s.id for s in flow.steps]
+    i = 0
+    jumps = 0
+    while i < len(flow.steps):
+        step = flow.steps[i]
+        r.step = step.id
+        try:
+            if r.state.steps.get(step.id) in ("done", "skipped") and not r.plan_only and step.id != "recon":
+                r.emit(_step_event(step.id, r.state.steps[step.id], "finished before: not repeated"))
+            else:
+                await _run_step(flow, step, on_plan)
+        except GoTo as jump:
+            jumps += 1
+            if jumps > MAX_JUMPS:
+                r.set_step(step.id, "failed", "went back too many times")
+                return Outcome(False, _result(flow, False, f"{step.id}: went back {MAX_JUMPS} times"), step.id)
+            target = order.index(jump.step)
+            for later in order[target:]:
+                r.state.steps.pop(later, None)
+            r.set_step(step.id, "failed", f"back to {jump.step}: {jump.why}")
+            i = target
+            continue
+        except StepFailed as exc:
+            r.set_step(step.id, "failed", exc.message + (f" — fix: {exc.fix}" if exc.fix else ""))
+            r.state.result = "failed"
+            r.save()
+            return Outcome(False, _result(flow, False, f"{step.id}: {exc.message}"
+                                          + (f" — fix: {exc.fix}" if exc.fix else "")), step.id)
+        except DecisionStop as stop:
+            r.set_step(step.id, "waiting", f"decision {stop.decision.id} needs an answer")
+            d = stop.decision
+            return Outcome(False, _result(flow, False, f"decision {d.id} needs an answer: --answer "
+                                          f"{d.id}={d.recommended} (recommended) or --auto"), step.id)
+        except ReadOnlyError as exc:
+            r.set_step(step.id, "failed", exc.message)
+            return Outcome(False, _result(flow, False, exc.message), step.id)
+        if until == step.id:
+            return Outcome(True, _result(flow, True, f"stopped after {step.id}, as asked (--until)"), step.id)
+        i += 1
+    if r.plan_only:
+        return Outcome(True, _result(flow, True, "plan only: nothing was changed"), None)
+    ok = r.state.result == "served"
+    return Outcome(ok, _result(flow, ok, "served and verified" if ok else "not served"), None)
+
+
+def _step_event(step: str, state: str, note: str) -> Event:
+    from sparkconsole.deploy.events import StepEvent
+
+    return StepEvent(step, state, note)  # type: ignore[arg-type]
+
+
+async def _run_step(flow: Flow, step, on_plan) -> None:
+    r = flow.r
+    r.set_step(step.id, "running")
+    if not r.plan_only:
+        why = await step.probe()
+        if why:
+            r.set_step(step.id, "skipped", why)
+            return
+    elif step.id == "recon":
+        await step.apply()
+        r.set_step(step.id, "done")
+        return
+    await step.decide()
+    planned = step.plan()
+    if on_plan is not None:
+        on_plan(step.id, step.title, planned)
+    if r.plan_only:
+        r.set_step(step.id, "done", "planned")
+        return
+    mutating = [(n, c) for n, c in planned if c.mutating]
+    if mutating and not await r.confirm(step.id, mutating):
+        raise StepFailed("not confirmed", "run again and confirm, or --auto")
+    await step.apply()
+    await step.verify()
+    r.set_step(step.id, "done")
+
+
+async def run_teardown(flow: Flow) -> Outcome:
+    r = flow.r
+    td = Teardown(flow)
+    try:
+        await td.run()
+    except StepFailed as exc:
+        r.set_step("teardown", "failed", exc.message)
+        return Outcome(False, ResultEvent(False, None, exc.message), "teardown")
+    except DecisionStop as stop:
+        return Outcome(False, ResultEvent(False, None, f"decision {stop.decision.id} needs an answer"), "teardown")
+    msg = "removed what this deployment started" + (f"; started again: {', '.join(td.restored)}" if td.restored else "")
+    return Outcome(True, ResultEvent(True, None, msg), None)
