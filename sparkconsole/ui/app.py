@@ -70,6 +70,8 @@ class NodeCommands(Provider):
             ("Pause / resume polling", app.action_toggle_pause, "Stop or restart the probes"),
             ("Refresh now", app.action_refresh_now, "Poll every node now"),
             ("Memory planner", app.action_planner, "Will a model fit on one Spark or on N? (key m)"),
+            ("Deploy a model (wizard)", app.action_wizard,
+             "Every step of a deployment, its decisions, and the nodes' memory live (key w)"),
         ]
         for i, node in enumerate(app.config.nodes, start=1):
             entries.append((f"Go to node {node.name}", partial(app.open_node, i), f"{node.role} · key {i}"))
@@ -214,6 +216,9 @@ class SparkConsoleApp(App[int]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place poll workers end: show the result, then arm the next poll."""
         worker = event.worker
+        if worker.group == "wizard":
+            self._wizard_worker_ended(event)
+            return
         if not worker.group.startswith("poll:"):
             return
         name = worker.group.split(":", 1)[1]
@@ -232,6 +237,15 @@ class SparkConsoleApp(App[int]):
             self._show_node(name)
             if self.is_running and self.autopoll:
                 self._poll_timers[name] = self.set_timer(self.interval, partial(self.poll_node, name))
+
+    def _wizard_worker_ended(self, event: Worker.StateChanged) -> None:
+        """A deployment run that crashed (not one that stopped at a step: that is its result)."""
+        if event.state is not WorkerState.ERROR:
+            return
+        error = event.worker.error
+        text = error.message if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
+        self.notify(f"the deployment run ended: {text}", title="wizard", severity="error", timeout=10)
+        self.add_event("critical", f"wizard: {text}")
 
     def add_event(self, severity: str, text: str) -> None:
         self.events.append((self.clock(), severity, text))
@@ -421,6 +435,17 @@ class SparkConsoleApp(App[int]):
 
         if not isinstance(self.screen, PlannerScreen):
             self.push_screen(PlannerScreen())
+
+    def action_wizard(self) -> None:
+        """The deployment wizard. One screen, kept installed: leaving it (Esc) and coming back shows the
+        same run, which goes on meanwhile."""
+        from sparkconsole.ui.screens.wizard import WizardScreen
+
+        if not self.is_screen_installed("wizard"):
+            self.install_screen(WizardScreen(), "wizard")
+        if self.get_screen("wizard") in self.screen_stack:
+            return  # under a help or a decision: those close first
+        self.push_screen("wizard")
 
     def action_overview(self) -> None:
         while len(self.screen_stack) > 2:

@@ -17,6 +17,8 @@ APP_BINDINGS: list[Binding] = [
     Binding("r", "refresh_now", "Refresh", id="app.refresh", tooltip="Poll every node now."),
     Binding("m", "planner", "Plan", id="app.planner",
             tooltip="Memory planner: will a model fit on one Spark or on N? (vLLM's own arithmetic)"),
+    Binding("w", "wizard", "Deploy", id="app.wizard",
+            tooltip="The deployment wizard: every step, its decisions and the nodes' memory, live."),
     Binding("plus,equals_sign", "faster", "+rate", key_display="+", id="app.faster",
             tooltip="Poll more often (shorter interval)."),
     Binding("minus", "slower", "-rate", key_display="-", id="app.slower",
@@ -54,4 +56,35 @@ DETAIL_BINDINGS: list[Binding] = [
 
 HELP_BINDINGS: list[Binding] = [
     Binding("escape,q,question_mark", "dismiss", "Close", id="help.close", tooltip="Close the help."),
+]
+
+WIZARD_BINDINGS: list[Binding] = [
+    Binding("enter,r", "start", "Start/resume", key_display="⏎", id="wizard.start",
+            tooltip="Start the deployment, or resume it where it stopped (finished steps are not run again)."),
+    Binding("a", "toggle_auto", "Auto", id="wizard.auto",
+            tooltip="Auto: take every recommended answer and run each step's commands without asking."),
+    Binding("t", "teardown", "Teardown", id="wizard.teardown",
+            tooltip="Remove what this deployment started (asks first) and offer its stopped services back."),
+    Binding("up,k", "browse(-1)", "Prev step", show=False, id="wizard.prev",
+            tooltip="Show an earlier step's commands and notes."),
+    Binding("down,j", "browse(1)", "Next step", show=False, id="wizard.next",
+            tooltip="Show a later step's commands and notes."),
+    Binding("l", "logs", "Logs", id="wizard.logs",
+            tooltip="Follow the log of the container this deployment started on the head node."),
+    Binding("escape", "back", "Back", id="wizard.back",
+            tooltip="Back to the previous screen; the run goes on, and w shows it again."),
+]
+
+DECISION_BINDINGS: list[Binding] = [
+    Binding("up,k", "move(-1)", "Up", show=False, id="decision.up", tooltip="Highlight the option above."),
+    Binding("down,j", "move(1)", "Down", show=False, id="decision.down", tooltip="Highlight the option below."),
+    Binding("enter", "choose", "Choose", key_display="⏎", id="decision.choose",
+            tooltip="Answer with the highlighted option."),
+    Binding("e", "edit", "Other value", id="decision.edit",
+            tooltip="Type an answer that is not in the list (where the decision allows one)."),
+    Binding("escape", "cancel", "Stop here", id="decision.cancel",
+            tooltip="Do not answer: the run stops at this decision (enter in the wizard asks again)."),
+] + [
+    Binding(str(i), f"pick({i})", show=False, id=f"decision.pick{i}", tooltip=f"Highlight option {i}.")
+    for i in range(1, 10)
 ]

@@ -1,0 +1,168 @@
+"""A decision of the deployment, as a modal: what was measured, the recommendation first, why.
+
+``DecisionScreen(decision)`` is a ``ModalScreen[str | None]``: it dismisses with the chosen
+option's value, or ``None`` when the operator pressed Esc (the wizard then stops the run at this
+decision; Enter in the wizard asks it again). The recommended option is listed first and marked,
+whatever order the flow built them in, because "press Enter" should always mean "do what the
+wizard recommends"; experimental options are marked as such. Arrows (or ``j``/``k``) and the
+number keys move the highlight, Enter answers: a number never answers on its own, so a stray key
+cannot start something. Where the decision allows a value outside the list (an image the
+operator names), ``e`` opens a field; what is typed there is checked by the decision itself.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static
+
+from sparkconsole.deploy.decisions import Decision, Option
+from sparkconsole.errors import UserError
+from sparkconsole.ui.keymap import DECISION_BINDINGS
+
+
+def ordered_options(decision: Decision) -> list[Option]:
+    """The recommended option first, the others in the flow's order."""
+    rec = [o for o in decision.options if o.value == decision.recommended]
+    rest = [o for o in decision.options if o.value != decision.recommended]
+    if not rec and decision.recommended:  # a free-text recommendation not among the options
+        rec = [Option(decision.recommended, decision.recommended, decision.why)]
+    return rec + rest
+
+
+class DecisionScreen(ModalScreen[str | None]):
+    """Asks one :class:`~sparkconsole.deploy.decisions.Decision`."""
+
+    BINDINGS = DECISION_BINDINGS
+    AUTO_FOCUS = None  # the options are keys on the screen; the free-text field is opened with e
+    HELP = ("The deployment needs an answer. The recommended option is first; ↑/↓ or a number highlights, "
+            "Enter answers, Esc stops the run here (Enter in the wizard asks again).")
+
+    def __init__(self, decision: Decision, *, name: str | None = None, id: str | None = None) -> None:
+        super().__init__(name=name, id=id)
+        self.decision = decision
+        self.options = ordered_options(decision)
+        self.index = 0
+
+    def compose(self) -> ComposeResult:
+        d = self.decision
+        with Vertical(id="decision-box"):
+            title = Text(d.title, style="bold")
+            title.append(f"   {d.id}", style="dim")
+            yield Static(title, id="decision-title")
+            with VerticalScroll(id="decision-scroll"):
+                yield Static(self._measured(), id="decision-measured")
+                yield Static(id="decision-options")
+                yield Static(id="decision-why")
+            if d.free_text:
+                yield Input(placeholder="another value (e.g. an image reference), Enter to answer",
+                            id="decision-free")
+            yield Static(id="decision-error")
+            yield Static(Text(self._hint(), style="dim"), id="decision-hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#decision-box").border_title = "Decision"
+        self.query_one("#decision-error").display = False
+        self._draw()
+
+    def _hint(self) -> str:
+        parts = ["↑↓ or 1–9 highlight", "⏎ answer"]
+        if self.decision.free_text:
+            parts.append("e type another value")
+        parts.append("esc stop the run here")
+        return " · ".join(parts)
+
+    def _measured(self) -> Text:
+        text = Text("Measured\n", style="bold")
+        lines = [m for m in self.decision.measured if m]
+        if not lines:
+            text.append("  (nothing to measure for this one)\n", style="dim")
+        for line in lines:
+            text.append(f"  {line}\n")
+        text.rstrip()
+        text.append("\n")
+        return text
+
+    def _draw(self) -> None:
+        d = self.decision
+        text = Text("Options\n", style="bold")
+        for i, opt in enumerate(self.options):
+            chosen = i == self.index
+            row = Text("▸ " if chosen else "  ", style="bold cyan")
+            row.append(f"{i + 1}  " if i < 9 else "   ", style="dim")
+            row.append(opt.label, style="bold" if chosen else "")
+            if opt.value != opt.label and opt.value not in opt.label:
+                row.append(f"  [{opt.value}]", style="dim")
+            if opt.value == d.recommended:
+                row.append("  ★ recommended", style="bold green")
+            if opt.experimental:
+                row.append("  ⚠ experimental", style="bold yellow")
+            if chosen:
+                row.stylize("reverse")
+            text.append(row)
+            text.append("\n")
+        text.rstrip()
+        self.query_one("#decision-options", Static).update(text)
+        opt = self.options[self.index] if self.options else None
+        why = Text("Why\n", style="bold")
+        if opt is not None and opt.why:
+            why.append(f"  {opt.why}\n")
+        if opt is not None and opt.value == d.recommended and d.why:
+            why.append(f"  Recommended: {d.why}\n", style="green")
+        elif d.why:
+            why.append(f"  The wizard recommends {d.recommended}: {d.why}\n", style="dim")
+        why.rstrip()
+        self.query_one("#decision-why", Static).update(why)
+
+    # ---- keys ----------------------------------------------------------------------------------
+
+    def _free(self) -> Input | None:
+        found = self.query("#decision-free")
+        return found.first(Input) if found else None
+
+    def action_move(self, delta: int) -> None:
+        if self.options:
+            self.index = (self.index + delta) % len(self.options)
+            self._draw()
+
+    def action_pick(self, number: int) -> None:
+        if 1 <= number <= len(self.options):
+            self.index = number - 1
+            self._draw()
+
+    def action_choose(self) -> None:
+        free = self._free()
+        if free is not None and free.has_focus:
+            return  # Input.Submitted answers with the typed value
+        if self.options:
+            self.dismiss(self.options[self.index].value)
+
+    def action_edit(self) -> None:
+        free = self._free()
+        if free is None:
+            self.notify("this decision takes one of the options listed", timeout=2)
+            return
+        free.focus()
+
+    def action_cancel(self) -> None:
+        free = self._free()
+        if free is not None and free.has_focus:
+            self.set_focus(None)  # Esc in the field leaves the field, not the decision
+            return
+        self.dismiss(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        value = event.value.strip()
+        if not value:
+            return
+        try:
+            self.decision.check(value)
+        except UserError as exc:
+            error = self.query_one("#decision-error", Static)
+            error.update(Text(exc.message, style="bold red"))
+            error.display = True
+            return
+        self.dismiss(value)

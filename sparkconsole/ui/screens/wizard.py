@@ -1,0 +1,662 @@
+"""The deployment wizard's face: the steps, the step at work, and every node's memory, live.
+
+The wizard itself is headless (:mod:`sparkconsole.deploy`): a :class:`~sparkconsole.deploy.runner.Runner`
+walks the :class:`~sparkconsole.deploy.flow.Flow` through :func:`~sparkconsole.deploy.session.run_flow`
+and says what happens as typed events. This screen is one reader of that stream (the CLI's printer is
+another), so the two never disagree about what ran:
+
+* the runner's ``emit`` posts each event to the screen as a :class:`WizardEvent` message; the screen
+  folds it into a :class:`WizardRun` (plain data) and redraws from it. Nothing in the runner touches
+  a widget, and a test can feed the same events to get the same screen;
+* its ``answer`` callback shows a :class:`~sparkconsole.ui.screens.decision.DecisionScreen` (Esc there
+  stops the run at the decision), its ``confirm`` callback the generic
+  :class:`~sparkconsole.ui.screens.confirm.ConfirmScreen` with the step's changing commands, both
+  skipped under auto (``a``). A question waits until the wizard is on screen: the operator who went
+  back to the overview is told, and answers when they come back with ``w``;
+* the run is a worker of the *app* (group ``wizard``, exclusive), so it goes on when the operator
+  leaves the screen, and its failures end in the app's one worker handler. The app keeps this
+  screen installed, so ``w`` shows the same run again.
+
+Beside the steps, one :class:`~sparkconsole.ui.widgets.node_panel.NodePanel` per node is fed the
+poller's samples (the overview's), so memory is seen falling as services stop and rising as
+weights load. Read-only consoles plan and show every step (the runner is read-only and plan-only:
+nothing that changes a node is sent). On the demo cluster the runner's clock speed is the demo's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Footer, Header, Label, Log, ProgressBar, Static
+
+from sparkconsole.deploy.decisions import Decision, DecisionStop
+from sparkconsole.deploy.events import (
+    CommandEvent,
+    DecisionEvent,
+    Event,
+    NoteEvent,
+    OutputEvent,
+    ProgressEvent,
+    ResultEvent,
+    StepEvent,
+)
+from sparkconsole.deploy.flow import STEP_IDS, STEPS, Options
+from sparkconsole.deploy.state import DeploymentState
+from sparkconsole.remote import RemoteCommand
+from sparkconsole.ui.keymap import WIZARD_BINDINGS
+from sparkconsole.ui.screens.live import LiveScreen
+from sparkconsole.ui.widgets.node_panel import NodePanel
+
+STEP_TITLES: dict[str, str] = {s.id: s.title for s in STEPS} | {
+    "teardown": "Remove what this deployment started"}
+LIST_STEPS = (*STEP_IDS, "teardown")
+MARKS: dict[str, tuple[str, str]] = {
+    "pending": ("○", "dim"),
+    "running": ("▶", "bold cyan"),
+    "done": ("✓", "green"),
+    "skipped": ("↷", "green"),
+    "failed": ("✗", "bold red"),
+    "waiting": ("?", "bold yellow"),
+}
+OUTPUT_LINES = 400  # the engine log kept on screen (the node keeps all of it)
+COMMANDS_KEPT = 60  # per step: a long step (polls) shows its latest commands
+DEMO_POLL_S = 0.1
+
+
+# ---- messages: the runner's events, carried to the screen ------------------------------------
+
+
+class WizardEvent(Message):
+    """One deploy event for the screen (posted by the runner's ``emit``)."""
+
+    def __init__(self, event: Event) -> None:
+        super().__init__()
+        self.event = event
+
+    def can_replace(self, message: Message) -> bool:
+        """A newer progress of the same bar replaces one not yet drawn (downloads report often)."""
+        mine, other = self.event, getattr(message, "event", None)
+        return (isinstance(mine, ProgressEvent) and isinstance(other, ProgressEvent)
+                and (mine.step, mine.node, mine.label) == (other.step, other.node, other.label))
+
+
+class WizardPlanned(Message):
+    """A step's planned commands, per node, before they run (the flow's ``on_plan``)."""
+
+    def __init__(self, step: str, commands: list[tuple[str, str, bool]]) -> None:
+        super().__init__()
+        self.step = step
+        self.commands = commands
+
+
+class WizardRunState(Message):
+    """The run started (``running``) or ended (not ``running``; ``error`` when it crashed)."""
+
+    def __init__(self, running: bool, error: str = "") -> None:
+        super().__init__()
+        self.running = running
+        self.error = error
+
+
+# ---- what the screen shows, as data ---------------------------------------------------------
+
+
+@dataclass
+class CommandLine:
+    node: str
+    command: str
+    summary: str
+    mutating: bool
+    rc: int | None = None
+    duration_s: float | None = None
+    output: str = ""
+
+
+@dataclass
+class StepView:
+    state: str = "pending"
+    note: str = ""
+    planned: list[tuple[str, str, bool]] = field(default_factory=list)
+    commands: deque[CommandLine] = field(default_factory=lambda: deque(maxlen=COMMANDS_KEPT))
+    notes: list[NoteEvent] = field(default_factory=list)
+    decisions: list[DecisionEvent] = field(default_factory=list)
+
+
+@dataclass
+class WizardRun:
+    """Everything the events said so far: the screen draws only from this."""
+
+    steps: dict[str, StepView] = field(default_factory=lambda: {s: StepView() for s in LIST_STEPS})
+    progress: dict[tuple[str, str], ProgressEvent] = field(default_factory=dict)  # (node, label)
+    output: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES))
+    current: str | None = None
+    result: ResultEvent | None = None
+
+    def view(self, step: str) -> StepView:
+        return self.steps.setdefault(step, StepView())
+
+    def apply(self, e: Event) -> None:
+        if isinstance(e, StepEvent):
+            v = self.view(e.step)
+            v.state, v.note = e.state, e.note
+            if e.state in ("running", "waiting", "failed") or self.current is None:
+                self.current = e.step
+        elif isinstance(e, CommandEvent):
+            v = self.view(e.step)
+            line = next((c for c in reversed(v.commands) if c.rc is None and c.node == e.node
+                         and c.command == e.command), None) if e.rc is not None else None
+            if line is None:
+                line = CommandLine(e.node, e.command, e.summary, e.mutating)
+                v.commands.append(line)
+            line.rc, line.duration_s, line.output = e.rc, e.duration_s, e.output
+        elif isinstance(e, NoteEvent):
+            self.view(e.step).notes.append(e)
+        elif isinstance(e, DecisionEvent):
+            step = e.id.split(".", 1)[0]
+            self.view(step if step in self.steps else self.current or step).decisions.append(e)
+        elif isinstance(e, ProgressEvent):
+            self.progress[(e.node, e.label)] = e
+        elif isinstance(e, OutputEvent):
+            self.output.append((e.node, e.text))
+        elif isinstance(e, ResultEvent):
+            self.result = e
+
+    def plan(self, step: str, commands: list[tuple[str, str, bool]]) -> None:
+        self.view(step).planned = list(commands)
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    more = "…" if len(line) > limit or "\n" in text.strip() else ""
+    return line[:limit] + more
+
+
+def step_list_text(run: WizardRun, shown: str | None) -> Text:
+    """The steps, one line each: mark, id, state; the step shown in the middle in reverse."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    for i, step in enumerate(LIST_STEPS):
+        v = run.view(step)
+        mark, style = MARKS.get(v.state, ("·", "dim"))
+        if step == "teardown":
+            text.append("\n")
+        line = Text()
+        line.append(f" {mark} ", style=style)
+        line.append(f"{step:<11}", style="bold" if v.state == "running" else "")
+        line.append(f" {v.state if v.state != 'pending' else ''}", style=style)
+        if step == shown:
+            line.stylize("reverse")
+        text.append(line)
+        if i < len(LIST_STEPS) - 1:
+            text.append("\n")
+    return text
+
+
+def step_body_text(run: WizardRun, step: str) -> Text:
+    """The step in the middle: its note, decisions, planned commands, commands run, notes."""
+    v = run.view(step)
+    text = Text()
+    if v.note:
+        style = "bold red" if v.state == "failed" else "yellow" if v.state == "waiting" else "dim"
+        text.append(f"{v.note}\n\n", style=style)
+    for d in v.decisions:
+        text.append("? ", style="bold yellow")
+        text.append(f"{d.title}: ", style="bold")
+        text.append(f"{d.answer}", style="bold cyan")
+        text.append(f" ({d.by}" + ("" if d.answer == d.recommended else f"; recommended {d.recommended}") + ")\n",
+                    style="dim")
+    if v.decisions:
+        text.append("\n")
+    if v.planned:
+        text.append("Planned\n", style="bold underline")
+        for node, cmd, mutating in v.planned:
+            text.append(f"  {node} ", style="cyan")
+            text.append("$ " if mutating else "· ", style="bold" if mutating else "dim")
+            text.append(_first_line(cmd) + "\n", style="" if mutating else "dim")
+        text.append("\n")
+    if v.commands:
+        text.append("Commands\n", style="bold underline")
+        for c in v.commands:
+            if c.rc is None:
+                text.append("  … ", style="bold cyan")
+            elif c.rc == 0:
+                text.append("  ✓ ", style="green")
+            else:
+                text.append(f"  ✗ {c.rc} ", style="bold red")
+            text.append(f"{c.node} ", style="cyan")
+            text.append(_first_line(c.summary or c.command, 140), style="bold" if c.mutating else "")
+            if c.duration_s:
+                text.append(f"  {c.duration_s:.1f} s", style="dim")
+            text.append("\n")
+            if c.rc not in (None, 0) and c.output:
+                for out in c.output.splitlines()[-3:]:
+                    text.append(f"      {out[:160]}\n", style="red")
+        text.append("\n")
+    if v.notes:
+        text.append("Notes\n", style="bold underline")
+        for n in v.notes:
+            style = {"warning": "dark_orange", "error": "bold red"}.get(n.level, "")
+            text.append("  ! " if n.level != "info" else "  · ", style=style or "dim")
+            if n.node:
+                text.append(f"{n.node}: ", style="cyan")
+            text.append(n.text + "\n", style=style)
+    if not text:
+        text.append("Nothing yet." if v.state == "pending" else "…", style="dim")
+    return text
+
+
+def _progress_id(node: str, label: str) -> str:
+    safe = "".join(ch if ch.isalnum() else "-" for ch in f"{node}-{label}")
+    return f"progress-{safe}"
+
+
+# ---- the screen ---------------------------------------------------------------------------------
+
+
+class WizardScreen(LiveScreen):
+    """Deploy a model across the nodes, step by step, with the nodes' memory beside it."""
+
+    BINDINGS = WIZARD_BINDINGS
+    AUTO_FOCUS = None
+    HELP = ("The deployment wizard: Enter starts (or resumes) the run; each decision opens a dialog with "
+            "the recommendation first, and each step's changing commands are shown before they run. a: "
+            "auto (take the recommendations, ask nothing). Esc goes back while the run goes on; w shows it again.")
+
+    def __init__(self, options: Options | None = None, *, until: str | None = None, auto: bool = False,
+                 state: DeploymentState | None = None, name: str | None = None, id: str | None = None) -> None:
+        super().__init__(name=name, id=id)
+        self.options = options or Options()
+        self.until = until
+        self.auto = auto
+        self.state = state  # the deployment shown (and resumed by Enter)
+        self.run = WizardRun()
+        self.running = False
+        self.shown: str | None = None  # the step in the middle; None: follow the run
+        self._visible = asyncio.Event()
+        self._waiting_told = False
+        self._panels: dict[str, NodePanel] = {}
+        self._bars: dict[tuple[str, str], tuple[ProgressBar, Label]] = {}
+
+    # ---- layout ------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="wizard-status")
+        yield Static(id="wizard-result")
+        with Horizontal(id="wizard-body"):
+            yield Static(id="wizard-steps")
+            with Vertical(id="wizard-main"):
+                yield Static(id="wizard-step-title")
+                with VerticalScroll(id="wizard-step-scroll", can_focus=False):
+                    yield Static(id="wizard-step-body")
+                yield Vertical(id="wizard-progress")
+                yield Log(max_lines=OUTPUT_LINES, id="wizard-output", auto_scroll=True)
+            with VerticalScroll(id="wizard-nodes", can_focus=False):
+                for i, node in enumerate(self.app.config.nodes, start=1):  # type: ignore[attr-defined]
+                    yield NodePanel(node.name, node.role, i)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#wizard-steps").border_title = "Steps"
+        log = self.query_one("#wizard-output", Log)
+        log.border_title = "Engine output"
+        log.can_focus = False
+        log.display = False
+        self._panels = {p.node: p for p in self.query(NodePanel)}
+        self._layout(self.size.width)
+        self._draw_run()
+        self.mark_ready()
+
+    def on_resize(self, event: Any) -> None:
+        self._layout(event.size.width)
+
+    def _layout(self, width: int) -> None:
+        """Node panels to the right when there is room, else in a row below the steps."""
+        self.set_class(width < 130, "-narrow")
+
+    def on_screen_resume(self) -> None:
+        self._visible.set()
+        self._waiting_told = False
+        self.refresh_all()
+
+    def on_screen_suspend(self) -> None:
+        self._visible.clear()
+
+    # ---- drawing -----------------------------------------------------------------------------
+
+    def draw(self) -> None:
+        """The node panels, from the poller's states (called on every poll and every second)."""
+        app = self.app
+        for name, panel in self._panels.items():
+            panel.show(app.node_state(name))  # type: ignore[attr-defined]
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self.app.config.read_only)  # type: ignore[attr-defined]
+
+    def status_text(self) -> Text:
+        app = self.app
+        text = Text()
+        if self.state is not None:
+            text.append("deployment ", style="dim")
+            text.append(self.state.id, style="bold")
+            text.append(" · ")
+        text.append(self.options.model, style="bold")
+        nodes = [n.name for n in app.config.nodes]  # type: ignore[attr-defined]
+        text.append(f" on {', '.join(nodes)}", style="dim")
+        text.append("   ")
+        if self.auto:
+            text.append(" AUTO ", style="bold black on yellow")
+            text.append(" takes every recommendation (a: ask again)", style="dim")
+        else:
+            text.append("asks before each decision and change (a: auto)", style="dim")
+        if self.read_only:
+            text.append("   READ-ONLY: plans and shows every step, sends nothing that changes a node",
+                        style="bold red")
+        demo = getattr(app, "demo", None)
+        if demo is not None:
+            text.append(f"   demo: sim time x{demo.speed:g}", style="dim")
+        if self.until:
+            text.append(f"   stops after {self.until}", style="dim")
+        return text
+
+    def result_text(self) -> Text:
+        r = self.run.result
+        if self.running:
+            step = self.run.current or "recon"
+            return Text(f"▶ running: {step} — {STEP_TITLES.get(step, step)}", style="bold cyan")
+        if r is None:
+            if self.state is not None and self.state.steps:
+                return Text("stopped · Enter resumes (finished steps are not run again)", style="yellow")
+            return Text("ready · Enter starts the deployment", style="bold")
+        if r.ok and r.endpoint:
+            text = Text(f"✓ served and verified: {r.endpoint}", style="bold green")
+            if r.tokens_per_s:
+                text.append(f" · {r.tokens_per_s} tok/s", style="green")
+            return text
+        if r.ok:
+            return Text(f"✓ {r.message}", style="bold green")
+        at = self.run.current
+        if at is not None and self.run.view(at).state == "waiting":
+            return Text(f"? stopped at a decision in {at} · Enter asks it again", style="bold yellow")
+        return Text(f"✗ stopped: {r.message} · Enter resumes", style="bold red")
+
+    def _draw_run(self) -> None:
+        run = self.run
+        step = self.shown or run.current or LIST_STEPS[0]
+        self.query_one("#wizard-status", Static).update(self.status_text())
+        self.query_one("#wizard-result", Static).update(self.result_text())
+        self.query_one("#wizard-steps", Static).update(step_list_text(run, step))
+        title = Text(f"{step}", style="bold")
+        title.append(f"  {STEP_TITLES.get(step, '')}")
+        state = run.view(step).state
+        mark, style = MARKS.get(state, ("·", "dim"))
+        title.append(f"   {mark} {state}", style=style)
+        if self.shown is not None and self.shown != run.current:
+            title.append("   (↑/↓ browse; the run is at " + (run.current or "—") + ")", style="dim")
+        self.query_one("#wizard-step-title", Static).update(title)
+        self.query_one("#wizard-step-body", Static).update(step_body_text(run, step))
+
+    def _draw_progress(self, e: ProgressEvent) -> None:
+        """One bar per (node, label), made on its first event and moved on by the next ones."""
+        key = (e.node, e.label)
+        if key not in self._bars:
+            label = Text(f"{e.label:<9}", style="bold")
+            label.append(e.node, style="cyan")
+            bar = ProgressBar(total=100, show_eta=False, classes="progress-bar")
+            detail = Label("", classes="progress-detail")
+            self._bars[key] = (bar, detail)
+            self.query_one("#wizard-progress", Vertical).mount(
+                Horizontal(Label(label, classes="progress-label"), bar, detail, id=_progress_id(*key),
+                           classes="progress-row"))
+        bar, detail = self._bars[key]
+        if e.fraction is None:
+            bar.update(total=None)
+        else:
+            bar.update(total=100, progress=round(max(0.0, min(1.0, e.fraction)) * 100, 1))
+        detail.update(e.detail)
+
+    # ---- events from the runner --------------------------------------------------------------
+
+    def on_wizard_event(self, message: WizardEvent) -> None:
+        e = message.event
+        self.run.apply(e)
+        if isinstance(e, StepEvent) and e.state == "running":
+            self.shown = None  # follow the run to its new step
+        if isinstance(e, ProgressEvent):
+            self._draw_progress(e)
+            return
+        if isinstance(e, OutputEvent):
+            log = self.query_one("#wizard-output", Log)
+            log.display = True
+            log.write_line(f"{e.node}  {e.text}")
+            return
+        if isinstance(e, ResultEvent):
+            self.app.add_event("info" if e.ok else "warning",  # type: ignore[attr-defined]
+                               f"wizard: {'served' if e.ok and e.endpoint else 'ok' if e.ok else 'stopped'}: "
+                               f"{e.message}")
+        self._draw_run()
+
+    def on_wizard_planned(self, message: WizardPlanned) -> None:
+        self.run.plan(message.step, message.commands)
+        self._draw_run()
+
+    def on_wizard_run_state(self, message: WizardRunState) -> None:
+        self.running = message.running
+        if message.error and self.run.current:
+            v = self.run.view(self.run.current)
+            if v.state in ("running", "waiting"):
+                v.state, v.note = "failed", message.error
+        self._draw_run()
+
+    def feed(self, events: Sequence[Event]) -> None:
+        """Post recorded events as the runner would (tests and demos: the events are the contract)."""
+        for e in events:
+            self.post_message(WizardEvent(e))
+
+    # ---- running -----------------------------------------------------------------------------
+
+    def _settings(self):
+        from sparkconsole.deploy.runner import Settings
+
+        demo = getattr(self.app, "demo", None)
+        if demo is not None:  # the runner's clock must be the sim's, or every timeout is off by `speed`
+            return Settings(poll_s=DEMO_POLL_S, speed=float(demo.speed))
+        return Settings()
+
+    def _new_state(self) -> DeploymentState:
+        config = self.app.config  # type: ignore[attr-defined]
+        if self.read_only:
+            return DeploymentState.new(self.options.model, self.options.to_json(), config.name)
+        if getattr(self.app, "demo", None) is None:
+            earlier = self._earlier(config.name)
+            if earlier is not None:
+                return earlier
+        return DeploymentState.new(self.options.model, self.options.to_json(), config.name)
+
+    def _earlier(self, cluster: str) -> DeploymentState | None:
+        """The latest unfinished deployment of this cluster (a console closed or killed mid-run)."""
+        from sparkconsole.deploy.state import StateStore
+        from sparkconsole.errors import UserError
+
+        try:
+            st = StateStore().load(None)
+        except UserError:
+            return None
+        if st.cluster != cluster or st.result in ("served", "torn-down"):
+            return None
+        self.options = Options.from_json(st.options)
+        self.app.notify(f"resuming deployment {st.id} (started {st.created}): finished steps are not run again",
+                        title="wizard", timeout=6)
+        return st
+
+    def action_start(self) -> None:
+        if self.running:
+            self.notify("the deployment is running; it stops at its next decision when you press Esc there",
+                        timeout=3)
+            return
+        if self.state is None:
+            self.state = self._new_state()
+        self.run.result = None
+        self.app.run_worker(self._run(teardown=False), group="wizard", exclusive=True, exit_on_error=False,
+                            description=f"deployment {self.state.id}")
+
+    def action_teardown(self) -> None:
+        from sparkconsole.ui.screens.confirm import ConfirmScreen
+
+        if self.running:
+            self.notify("a run is going on: let it stop first (Esc at its next decision)", severity="warning")
+            return
+        if self.read_only:
+            self.notify("read-only: teardown changes the nodes", title="read-only", severity="warning")
+            return
+        if self.state is None or not (self.state.started or self.state.stopped):
+            self.notify("nothing to tear down: this deployment started nothing", timeout=3)
+            return
+        st = self.state
+        names = "\n".join(f"{s.node} $ docker rm -f {s.name}" for s in st.started) or "(nothing started)"
+
+        def go(yes: bool | None) -> None:
+            if yes:
+                self.run.result = None
+                self.app.run_worker(self._run(teardown=True), group="wizard", exclusive=True, exit_on_error=False,
+                                    description=f"teardown {st.id}")
+
+        self.app.push_screen(ConfirmScreen(", ".join(sorted({s.node for s in st.started})) or "the nodes",
+                                           f"deployment {st.id}", names, action="tear down",
+                                           note="Only what this deployment started is removed; the services it "
+                                                "stopped are offered back after."), go)
+
+    async def _run(self, teardown: bool) -> None:
+        """The worker: build the runner as ``sparkconsole deploy`` does, walk the flow, say the end."""
+        from sparkconsole.deploy.flow import Flow
+        from sparkconsole.deploy.runner import Runner
+        from sparkconsole.deploy.session import run_flow, run_teardown
+        from sparkconsole.deploy.state import StateStore
+        from sparkconsole.transport import make_transport
+
+        app: Any = self.app
+        config = app.config
+        assert self.state is not None
+        self.post_message(WizardRunState(True))
+        factory = app.transport_factory or (lambda n: make_transport(n, local=config.local))
+        # its own connections: a command of the deployment may take an hour, and the poller's watchdog
+        # closes and reopens its transport when a probe hangs
+        transports = {n.name: factory(n) for n in config.nodes}
+        try:
+            runner = Runner(config=config, state=self.state, transports=transports, answer=self._answer,
+                            emit=self._emit, store=StateStore(), journal=app.journal, confirm=self._confirm,
+                            settings=self._settings(), read_only=self.read_only, plan_only=self.read_only)
+            flow = Flow(runner, Options.from_json(self.state.options) if self.state.options else self.options)
+            if teardown:
+                outcome = await run_teardown(flow)
+            else:
+                outcome = await run_flow(flow, until=self.until, on_plan=self._on_plan)
+            self._emit(outcome.result)
+        except Exception as exc:
+            self.post_message(WizardRunState(False, error=f"{type(exc).__name__}: {exc}"))
+            raise  # the app's worker handler says it
+        else:
+            self.post_message(WizardRunState(False))
+        finally:
+            for t in transports.values():
+                with contextlib.suppress(Exception):
+                    await t.close()
+
+    def _emit(self, event: Event) -> None:
+        self.post_message(WizardEvent(event))
+
+    def _on_plan(self, step: str, title: str, commands: list[tuple[str, RemoteCommand]]) -> None:
+        self.post_message(WizardPlanned(step, [(n, c.shell(), c.mutating) for n, c in commands]))
+
+    async def _until_visible(self, what: str) -> None:
+        """A question waits for the operator to be on the wizard (not under a help or on the overview)."""
+        if self._visible.is_set():
+            return
+        if not self._waiting_told:
+            self._waiting_told = True
+            self.app.notify(f"the deployment waits for you: {what} (press w)", title="wizard", timeout=8)
+        await self._visible.wait()
+
+    async def _ask(self, screen: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+
+        def done(value: Any) -> None:
+            if not answer.done():
+                answer.set_result(value)
+
+        self.app.push_screen(screen, done)
+        return await answer
+
+    async def _answer(self, d: Decision) -> tuple[str, str]:
+        """The runner's answerer: the recommendation under auto, else the operator in a modal."""
+        from sparkconsole.ui.screens.decision import DecisionScreen
+
+        if self.auto:
+            return d.recommended, "auto"
+        self._emit(StepEvent(d.step, "waiting", f"decision {d.id}: {d.title}"))
+        await self._until_visible(f"decision {d.id}")
+        if self.auto:  # switched on while the question waited
+            self._emit(StepEvent(d.step, "running"))
+            return d.recommended, "auto"
+        value = await self._ask(DecisionScreen(d))
+        if value is None:
+            raise DecisionStop(d)
+        self._emit(StepEvent(d.step, "running"))
+        return value, "operator"
+
+    async def _confirm(self, step: str, commands: Sequence[tuple[str, RemoteCommand]]) -> bool:
+        """The runner's confirm: the step's changing commands in the generic confirmation dialog."""
+        from sparkconsole.ui.screens.confirm import ConfirmScreen
+
+        if self.auto:
+            return True
+        await self._until_visible(f"confirm the {step} step's commands")
+        if self.auto:
+            return True
+        nodes = ", ".join(dict.fromkeys(n for n, _ in commands))
+        text = "\n".join(f"{n} $ {c.shell()}" for n, c in commands)
+        count = f"{len(commands)} command{'s' if len(commands) != 1 else ''}"
+        return bool(await self._ask(ConfirmScreen(
+            nodes, f"the {step} step's {count}", text, action="run",
+            note=f"Each is journaled with deployment {self.state.id if self.state else ''} and step {step}. "
+                 "a in the wizard stops asking (auto).")))
+
+    # ---- keys --------------------------------------------------------------------------------
+
+    def action_toggle_auto(self) -> None:
+        self.auto = not self.auto
+        self.notify("auto: recommended answers are taken, commands run without asking" if self.auto
+                    else "the wizard asks again before each decision and change", timeout=3)
+        self._draw_run()
+
+    def action_browse(self, delta: int) -> None:
+        at = self.shown or self.run.current or LIST_STEPS[0]
+        i = max(0, min(len(LIST_STEPS) - 1, LIST_STEPS.index(at) + delta))
+        self.shown = LIST_STEPS[i]
+        self._draw_run()
+
+    def action_back(self) -> None:
+        if len(self.app.screen_stack) > 1:
+            self.app.pop_screen()
+
+    def action_logs(self) -> None:
+        from sparkconsole.services import Service
+
+        st = self.state
+        started = [s for s in (st.started if st else []) if s.kind == "container"]
+        if not started:
+            self.notify("no container started by this deployment yet", timeout=3)
+            return
+        head = self.app.config.head  # type: ignore[attr-defined]
+        pick = next((s for s in started if head is not None and s.node == head.name), started[0])
+        self.app.open_logs(pick.node, Service(name=pick.name, kind="container"))  # type: ignore[attr-defined]
