@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.console import Group
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -200,57 +201,75 @@ def step_list_text(run: WizardRun, shown: str | None) -> Text:
     return text
 
 
-def step_body_text(run: WizardRun, step: str) -> Text:
-    """The step in the middle: its note, decisions, planned commands, commands run, notes."""
+def _line() -> Text:
+    return Text(no_wrap=True, overflow="ellipsis")
+
+
+def step_body_text(run: WizardRun, step: str) -> Group:
+    """The step in the middle: its note, decisions, planned commands, commands run, notes.
+
+    Commands are one line each (cut with an ellipsis: the full text is in the journal and in the
+    confirmation dialog); notes wrap, since they are what the operator reads."""
     v = run.view(step)
-    text = Text()
+    parts: list[Text] = []
     if v.note:
         style = "bold red" if v.state == "failed" else "yellow" if v.state == "waiting" else "dim"
-        text.append(f"{v.note}\n\n", style=style)
+        parts += [Text(v.note, style=style), Text("")]
     for d in v.decisions:
-        text.append("? ", style="bold yellow")
-        text.append(f"{d.title}: ", style="bold")
-        text.append(f"{d.answer}", style="bold cyan")
-        text.append(f" ({d.by}" + ("" if d.answer == d.recommended else f"; recommended {d.recommended}") + ")\n",
+        line = Text("? ", style="bold yellow")
+        line.append(f"{d.title}: ", style="bold")
+        line.append(f"{d.answer}", style="bold cyan")
+        line.append(f" ({d.by}" + ("" if d.answer == d.recommended else f"; recommended {d.recommended}") + ")",
                     style="dim")
+        parts.append(line)
     if v.decisions:
-        text.append("\n")
+        parts.append(Text(""))
     if v.planned:
-        text.append("Planned\n", style="bold underline")
+        parts.append(Text("Planned", style="bold underline"))
         for node, cmd, mutating in v.planned:
-            text.append(f"  {node} ", style="cyan")
-            text.append("$ " if mutating else "· ", style="bold" if mutating else "dim")
-            text.append(_first_line(cmd) + "\n", style="" if mutating else "dim")
-        text.append("\n")
+            line = _line()
+            line.append(f"  {node} ", style="cyan")
+            line.append("$ " if mutating else "· ", style="bold" if mutating else "dim")
+            line.append(_first_line(cmd, 400), style="" if mutating else "dim")
+            parts.append(line)
+        parts.append(Text(""))
     if v.commands:
-        text.append("Commands\n", style="bold underline")
+        parts.append(Text("Commands", style="bold underline"))
         for c in v.commands:
+            line = _line()
             if c.rc is None:
-                text.append("  … ", style="bold cyan")
+                line.append("  …     ", style="bold cyan")
             elif c.rc == 0:
-                text.append("  ✓ ", style="green")
-            else:
-                text.append(f"  ✗ {c.rc} ", style="bold red")
-            text.append(f"{c.node} ", style="cyan")
-            text.append(_first_line(c.summary or c.command, 140), style="bold" if c.mutating else "")
+                line.append("  ✓     ", style="green")
+            elif c.mutating:
+                line.append(f"  ✗ {c.rc:>3} ", style="bold red")
+            else:  # a read that answers "no" (a file not there yet) is information, not an error
+                line.append(f"  · {c.rc:>3} ", style="dim")
             if c.duration_s:
-                text.append(f"  {c.duration_s:.1f} s", style="dim")
-            text.append("\n")
-            if c.rc not in (None, 0) and c.output:
+                line.append(f"{c.duration_s:6.1f} s ", style="dim")
+            else:
+                line.append(" " * 9)
+            line.append(f"{c.node} ", style="cyan")
+            line.append(_first_line(c.summary or c.command, 400), style="bold" if c.mutating else "")
+            parts.append(line)
+            if c.mutating and c.rc not in (None, 0) and c.output:
                 for out in c.output.splitlines()[-3:]:
-                    text.append(f"      {out[:160]}\n", style="red")
-        text.append("\n")
+                    err = _line()
+                    err.append(f"      {out}", style="red")
+                    parts.append(err)
+        parts.append(Text(""))
     if v.notes:
-        text.append("Notes\n", style="bold underline")
+        parts.append(Text("Notes", style="bold underline"))
         for n in v.notes:
             style = {"warning": "dark_orange", "error": "bold red"}.get(n.level, "")
-            text.append("  ! " if n.level != "info" else "  · ", style=style or "dim")
+            line = Text("  ! " if n.level != "info" else "  · ", style=style or "dim")
             if n.node:
-                text.append(f"{n.node}: ", style="cyan")
-            text.append(n.text + "\n", style=style)
-    if not text:
-        text.append("Nothing yet." if v.state == "pending" else "…", style="dim")
-    return text
+                line.append(f"{n.node}: ", style="cyan")
+            line.append(n.text, style=style)
+            parts.append(line)
+    if not parts:
+        parts.append(Text("Nothing yet." if v.state == "pending" else "…", style="dim"))
+    return Group(*parts)
 
 
 def _progress_id(node: str, label: str) -> str:
