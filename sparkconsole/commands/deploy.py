@@ -7,8 +7,8 @@ answer it needs. Commands that change a node are printed before they run; withou
 ``--yes`` they are asked for on a terminal and refused elsewhere.
 
 Exit 0 only when the model served and the test completion came back (or ``--until`` / ``--plan-only``
-/ ``--teardown`` finished); 1 when a decision or a step ended it; 2 for bad input; 3 when a node
-cannot be reached at all.
+/ ``--teardown`` finished); 1 when a decision or a step ended it (an unreachable node included: recon
+names it); 2 for bad input.
 """
 
 from __future__ import annotations
@@ -95,14 +95,14 @@ class Printer:
             return f"{mark} {e.step:<12} {e.state}" + (f": {e.note}" if e.note else "")
         if kind == "command":
             if e.rc is None:
-                return f"    {e.node} $ {e.command}"
+                return f"    {e.node} $ {_one_line(e.command)}"
             if not e.mutating and e.rc == 0:
                 return None
             out = f"    {e.node}   → exit {e.rc}" + (f" ({e.duration_s:.1f} s)" if e.duration_s else "")
             if e.rc != 0 and e.output:
                 out += "\n" + "\n".join("      " + ln for ln in e.output.splitlines())
             if not e.mutating:
-                out = f"    {e.node} $ {e.command}\n" + out
+                out = f"    {e.node} $ {_one_line(e.command)}\n" + out
             return out
         if kind == "decision":
             lines = [f"  ? {e.id}: {e.title}"]
@@ -141,6 +141,12 @@ class Printer:
             self.out.write(f"    {node} $ {cmd.shell()}\n")
         if not commands:
             self.out.write("    (nothing to run)\n")
+
+
+def _one_line(command: str) -> str:
+    """A multi-line command (the image probe's Python) shown by its first line; JSON keeps it whole."""
+    first, _, rest = command.partition("\n")
+    return first + (f" … ({rest.count(chr(10)) + 1} more lines)" if rest else "")
 
 
 # ---- running ----------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ STEP_IDS = ("recon", "plan", "engine", "network", "weights", "images", "free-mem
 RAY_PORT = 6379
 API_PORT = 8000
 LAUNCH_MARGIN = 1 * GIB  # free memory kept above vLLM's start-up check
+RECON_TIMEOUT_S = 20.0  # a node that does not answer its recon within this is named unreachable
 
 
 @dataclass
@@ -165,7 +166,7 @@ class Flow:
         names = nodes or [n.name for n in self.r.nodes]
 
         async def one(node: str) -> NodeFacts:
-            res = await self.r.read(node, recon_command(self.o.model), timeout=60)
+            res = await self.r.read(node, recon_command(self.o.model), timeout=RECON_TIMEOUT_S)
             if res.exit_status is None and not res.stdout:
                 return NodeFacts(node=node, reachable=False, reason=res.stderr.strip() or "no answer")
             return facts_from_output(node, res.stdout)
@@ -248,10 +249,12 @@ class Plan(Step):
         f = self.f
         facts = f.facts
         n_nodes = len(self.r.nodes)
-        tp_n = f.o.tp or max(2, n_nodes) if n_nodes > 1 else 1
         node_gib = min(_cuda_total(x) for x in facts.values()) / GIB
         base = PlanOptions(node_memory_gib=node_gib, max_model_len=f.o.max_model_len)
-        rows = {row["tp"]: row for row in compare_tp(f.spec, base, tps=(1, tp_n) if tp_n > 1 else (1,))}
+        tps = (1, f.o.tp) if f.o.tp and f.o.tp > 1 else (1, *[t for t in (2, 4, 8, 16, 32) if t <= n_nodes])
+        rows = {row["tp"]: row for row in compare_tp(f.spec, base, tps=tuple(dict.fromkeys(tps)))}
+        multi = [t for t in rows if t > 1 and not rows[t].get("error")]
+        tp_n = min((t for t in multi if rows[t]["fits"]), default=max(multi, default=1))
         measured = []
         for tp, row in rows.items():
             if row.get("error"):
@@ -402,10 +405,11 @@ class Engine(Step):
         img = f.image
         arch = (f.spec.geometry.architectures or ["?"])[0]
         ef = await self._check(self._holder(img), img)
-        if ef.knows(arch) is False:
+        if ef.error or not ef.knows(arch):
             self.r.forget("engine.image")
-            raise StepFailed(f"{img} does not know {arch} (vLLM {ef.vllm})",
-                             "choose another image: --resume and answer engine.image, or --image IMG")
+            why = (f"its Python could not be run ({ef.error})" if ef.error else
+                   f"its vLLM {ef.vllm or '-'} does not register {arch}")
+            raise StepFailed(f"{img}: {why}", "choose another image: --resume and answer engine.image, or --image IMG")
         ident = next((i.id for x in f.facts.values() for i in x.images if normalize_image(i.ref) == normalize_image(img)),
                      "")
         f.put("image_id", ident)
@@ -820,19 +824,26 @@ class Cluster(Step):
         from sparkconsole.deploy.state import Started
 
         f = self.f
+        name = f.container("ray")
         for n in f.nodes:
-            name = f.container("ray")
-            if any(s.node == n and s.name == name for s in self.r.state.started):
-                st = await self.r.read(n, container_state(name), timeout=30)
-                if st.ok and st.stdout.strip() == "running":
-                    continue
+            # the name carries this deployment's id: a container of that name is ours (a run killed
+            # between `docker run` and saving the state left it unrecorded)
+            st = await self.r.read(n, container_state(name), timeout=30)
+            ours = any(s.node == n and s.name == name for s in self.r.state.started)
+            if st.ok and st.stdout.strip() == "running":
+                if not ours:
+                    self.r.state.started.append(Started(n, "container", name))
+                    self.r.save()
+                continue
+            if st.ok:
                 await self.r.change(n, docker_rm_force(name))
             res = await self.r.change(n, self._ray_cmd(n), timeout=300)
             if not res.ok:
                 raise StepFailed(f"{n}: the Ray container did not start: {res.stderr.strip()[-300:]}",
                                  "check the port is free (ss -ltnp) and the image has Ray")
-            self.r.state.started.append(Started(n, "container", name, res.stdout.strip()[:64]))
-            self.r.save()
+            if not ours:
+                self.r.state.started.append(Started(n, "container", name, res.stdout.strip()[:64]))
+                self.r.save()
 
     async def verify(self) -> None:
         want = len(self.f.nodes)
