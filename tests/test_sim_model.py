@@ -27,17 +27,24 @@ def cluster(scenario: str = "story", nodes: int = 2):
     return build(scenario, nodes=nodes, clock=SimClock.frozen())
 
 
+async def settle(task: asyncio.Future, hops: int = 40) -> None:
+    """Let the shell's processes run everything due at this sim time (each process is a task:
+    a command takes a few event-loop turns to finish)."""
+    for _ in range(hops):
+        if task.done():
+            return
+        await asyncio.sleep(0)
+
+
 async def sh(c, node: str, cmd: str, step: float = 5.0, limit: float = 5000.0) -> tuple[str, str, int]:
     """Run ``cmd``, advancing the manual clock in ``step``s until it finishes."""
     task = asyncio.ensure_future(Shell(c, node).capture(cmd))
     waited = 0.0
-    for _ in range(3):
-        await asyncio.sleep(0)
+    await settle(task)
     while not task.done():
         c.clock.advance(step)
         waited += step
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await settle(task)
         if waited > limit:
             task.cancel()
             raise AssertionError(f"{cmd!r} did not finish within {limit} sim seconds")
@@ -218,12 +225,12 @@ async def test_oom_exactly_when_weights_exceed_what_is_free(margin_gib):
     """Loading dies with a CUDA OOM iff the weights exceed MemAvailable when loading starts."""
     c = cluster("healthy")
     glm = "GadflyII/GLM-4.7-Flash-NVFP4"
-    c.nodes[HEAD].models[glm] = MODELS[glm].disk_bytes
+    c.seed_model(HEAD, glm)
     w = MODELS[glm].weights_gib_tp1 * GIB
     # leave free = weights + margin
     _ballast(c, HEAD, c.memory(HEAD).available - (w + margin_gib * GIB))
     await sh(c, HEAD, DROP)
-    _, err, rc = await sh(c, HEAD, f"docker run -d --name t vllm/vllm-openai:v0.17.0 vllm serve {glm} "
+    _, err, rc = await sh(c, HEAD, f"docker run -d --name t vllm/vllm-openai:v0.17.0 {glm} "
                                    "--gpu-memory-utilization 0.1 --max-model-len 4096")
     assert rc == 0, err
     ct = c.container(HEAD, "t")
@@ -252,21 +259,21 @@ async def test_worker_has_no_internet_and_head_downloads():
     assert rc == 1 and "Temporary failure in name resolution" in err and "huggingface.co" in err
     _, err, rc = await sh(c, WORKER, "docker pull vllm/vllm-openai:v0.17.0")
     assert rc == 1 and "registry-1.docker.io" in err
-    out, _, rc = await sh(c, HEAD, f"hf download {QWEN}", step=30)
+    out, err, rc = await sh(c, HEAD, f"hf download {QWEN}", step=30)
     assert rc == 0
-    bars = out.split("\r")
+    bars = err.rstrip("\n").split("\r")  # tqdm writes to stderr, the snapshot path to stdout
     assert re.match(r"Fetching 52 files: 100%\|█{10}\| 52/52 \[\d\d:\d\d<00:00", bars[-1])
-    assert out.rstrip().endswith(tuple("0123456789abcdef")) and f"{QDIR}/snapshots/" in out
+    assert out.rstrip().endswith(tuple("0123456789abcdef")) and out.startswith(f"{QDIR}/snapshots/")
     assert c.has_model(HEAD, QWEN) and not c.has_model(WORKER, QWEN)
 
 
 async def test_old_image_cannot_serve_qwen35():
     c = cluster("old-image")
-    c.nodes[HEAD].models[QWEN] = MODELS[QWEN].disk_bytes
+    c.seed_model(HEAD, QWEN)
     imgs = (await Shell(c, HEAD).capture("docker images"))[0]
     assert "v0.14.1" in imgs and "v0.17.0" not in imgs
     await sh(c, HEAD, "docker stop vllm-glm")
-    await sh(c, HEAD, f"docker run -d --name q vllm/vllm-openai:v0.14.1 vllm serve {QWEN}")
+    await sh(c, HEAD, f"docker run -d --name q vllm/vllm-openai:v0.14.1 {QWEN}")
     log, _, _ = await sh(c, HEAD, "docker logs -f q")
     assert "vLLM API server version 0.14.1" in log
     assert ("Model architectures ['Qwen3_5MoeForConditionalGeneration'] are not supported for now. "
@@ -296,7 +303,7 @@ async def test_the_whole_story_tp1_ooms_tp2_serves():
     await sh(c, WORKER, DROP)
 
     # TP=1: the 116.6 GiB of weights do not fit one Spark
-    await sh(c, HEAD, f"docker run -d --name tp1 --gpus all --network host vllm/vllm-openai:v0.17.0 vllm serve "
+    await sh(c, HEAD, f"docker run -d --name tp1 --gpus all --network host vllm/vllm-openai:v0.17.0 "
                       f"{QWEN} --gpu-memory-utilization 0.85 --max-model-len 65536")
     log, _, _ = await sh(c, HEAD, "docker logs -f tp1", step=2)
     rep = parse_vllm_log(log)
@@ -308,10 +315,10 @@ async def test_the_whole_story_tp1_ooms_tp2_serves():
 
     # TP=2 across both nodes over Ray
     img = "vllm/vllm-openai:v0.17.0"
-    _, err, rc = await sh(c, HEAD, f"docker run -d --name ray-head --network host {img} ray start --block --head "
+    _, err, rc = await sh(c, HEAD, f"docker run -d --name ray-head --network host --entrypoint ray {img} start --block --head "
                                    "--node-ip-address=192.168.200.12 --port=6379")
     assert rc == 0, err
-    _, err, rc = await sh(c, WORKER, f"docker run -d --name ray-worker --network host {img} ray start --block "
+    _, err, rc = await sh(c, WORKER, f"docker run -d --name ray-worker --network host --entrypoint ray {img} start --block "
                                      "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
     assert rc == 0, err
     ray = P.parse_ray_status((await sh(c, HEAD, "docker exec ray-head ray status"))[0])
@@ -360,7 +367,7 @@ async def test_the_whole_story_tp1_ooms_tp2_serves():
 
 async def test_tp2_without_ray_waits_for_a_placement_group_or_refuses():
     c = cluster("healthy")
-    await sh(c, HEAD, "docker run -d --name ray-head --network host vllm/vllm-openai:v0.17.0 ray start --block "
+    await sh(c, HEAD, "docker run -d --name ray-head --network host --entrypoint ray vllm/vllm-openai:v0.17.0 start --block "
                       "--head --node-ip-address=192.168.200.12 --port=6379")
     await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} -tp 2 --gpu-memory-utilization 0.85")
     run = next(x.engine for x in c.containers if x.engine and x.engine.tp == 2)
@@ -386,9 +393,9 @@ async def _tp2_ready(c):
     """Ray across both nodes and a TP=2 Qwen3.5 engine, on the ``healthy`` cluster (weights and images
     everywhere); returns (container, run) once it is ready."""
     img = "vllm/vllm-openai:v0.17.0"
-    await sh(c, HEAD, f"docker run -d --name ray-head --network host {img} ray start --block --head "
+    await sh(c, HEAD, f"docker run -d --name ray-head --network host --entrypoint ray {img} start --block --head "
                       "--node-ip-address=192.168.200.12 --port=6379")
-    await sh(c, WORKER, f"docker run -d --name ray-worker --network host {img} ray start --block "
+    await sh(c, WORKER, f"docker run -d --name ray-worker --network host --entrypoint ray {img} start --block "
                         "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
     _, err, rc = await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} --tensor-parallel-size 2 "
                                    "--gpu-memory-utilization 0.85 --max-model-len 65536 --served-model-name qwen35 "
@@ -472,9 +479,9 @@ async def test_tp2_worker_lost_ends_in_the_nccl_watchdog_timeout(how):
 async def test_tp2_worker_lost_before_nccl_is_up_times_out_in_the_rendezvous():
     c = cluster("healthy")
     img = "vllm/vllm-openai:v0.17.0"
-    await sh(c, HEAD, f"docker run -d --name ray-head --network host {img} ray start --block --head "
+    await sh(c, HEAD, f"docker run -d --name ray-head --network host --entrypoint ray {img} start --block --head "
                       "--node-ip-address=192.168.200.12 --port=6379")
-    await sh(c, WORKER, f"docker run -d --name ray-worker --network host {img} ray start --block "
+    await sh(c, WORKER, f"docker run -d --name ray-worker --network host --entrypoint ray {img} start --block "
                         "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
     await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} -tp 2 --gpu-memory-utilization 0.85")
     run = next(x.engine for x in c.containers if x.engine and x.engine.tp == 2)

@@ -121,7 +121,7 @@ async def test_docker_logs_follow_streams_as_sim_time_passes_and_stops_when_clos
         sim = demo.sim
         async with _connect(demo.config.node(HEAD)) as conn:
             run = asyncio.ensure_future(conn.run("docker run -d --name q --network host vllm/vllm-openai:v0.17.0 "
-                                                 "vllm serve Qwen/Qwen3.5-122B-A10B-FP8 -tp 1 "
+                                                 "Qwen/Qwen3.5-122B-A10B-FP8 -tp 1 "
                                                  "--gpu-memory-utilization 0.85", check=False, timeout=10))
             for _ in range(50):
                 await asyncio.sleep(0.02)

@@ -27,7 +27,7 @@ from sparkconsole.sim.model import (
     MIB,
     Container,
     SimCluster,
-    stable_hex,
+    image_digest,
 )
 
 # ---- /proc -------------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
         up = n.link_up(i) if i.kind == "cx7" else i.kind in ("loopback", "ether")
         base = f"/sys/class/net/{i.name}"
         files[f"{base}/operstate"] = ("unknown" if i.kind == "loopback" else ("up" if up else "down")) + "\n"
-        files[f"{base}/mtu"] = f"{i.mtu}\n"
+        files[f"{base}/mtu"] = f"{n.mtu_of(i)}\n"
         files[f"{base}/address"] = f"{i.mac}\n"
         files[f"{base}/carrier"] = ("1" if up else "0") + "\n"
         if i.kind == "cx7":
@@ -268,6 +268,7 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
             files[f"{p}/phys_state"] = ("5: LinkUp" if up else "3: Disabled") + "\n"
             files[f"{p}/rate"] = ("200 Gb/sec (4X HDR)" if up else "40 Gb/sec (4X QDR)") + "\n"
             files[f"{p}/link_layer"] = "Ethernet\n"
+            files.update(_gids(n, i, p))
     files["/proc/meminfo"] = meminfo(c, node, t)
     files["/proc/uptime"] = uptime(c, node, t)
     files["/proc/loadavg"] = loadavg(c, node, t)
@@ -283,6 +284,38 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
         "(Ubuntu 13.3.0-6ubuntu2~24.04) \n")
     files.update(n.files)
     return files
+
+
+GID_ENTRIES = 8  # a CX-7 port lists more GID slots than it fills; the rest read as zeros
+
+
+def _ipv6_link_local(mac: str) -> str:
+    b = [int(x, 16) for x in mac.split(":")]
+    b[0] ^= 0x02
+    eui = [*b[:3], 255, 254, *b[3:]]
+    return "fe80:0000:0000:0000:" + ":".join(f"{eui[k]:02x}{eui[k + 1]:02x}" for k in range(0, 8, 2))
+
+
+def _gids(n, i, port: str) -> dict[str, str]:
+    """``ports/1/gids/N`` and ``gid_attrs/types/N``: 0/1 the link-local RoCE v1/v2 pair, then a
+    v1/v2 pair per IPv4 address (``::ffff:a.b.c.d``), the v2 one at ``n.gid_v2_index``; empty slots
+    are zeros and their type file cannot be read (EINVAL: ``types`` is absent here)."""
+    zero = "0000:0000:0000:0000:0000:0000:0000:0000"
+    slots: dict[int, tuple[str, str]] = {0: (_ipv6_link_local(i.mac), "IB/RoCE v1"),
+                                         1: (_ipv6_link_local(i.mac), "RoCE v2")}
+    for a in i.ipv4:
+        ip = [int(x) for x in a.split("/")[0].split(".")]
+        g = f"0000:0000:0000:0000:0000:ffff:{ip[0]:02x}{ip[1]:02x}:{ip[2]:02x}{ip[3]:02x}"
+        v2 = n.gid_v2_index
+        slots[v2 - 1 if v2 - 1 not in slots else v2 + 1] = (g, "IB/RoCE v1")
+        slots[v2] = (g, "RoCE v2")
+    out: dict[str, str] = {}
+    for k in range(max(GID_ENTRIES, max(slots) + 1)):
+        gid, typ = slots.get(k, (zero, ""))
+        out[f"{port}/gids/{k}"] = gid + "\n"
+        if typ:
+            out[f"{port}/gid_attrs/types/{k}"] = typ + "\n"
+    return out
 
 
 def _flags(n, i) -> list[str]:
@@ -303,7 +336,7 @@ def ip_j_addr(c: SimCluster, node: str) -> str:
     n = c.node(node)
     out = []
     for i in n.ifaces:
-        d: dict[str, object] = {"ifindex": i.ifindex, "ifname": i.name, "flags": _flags(n, i), "mtu": i.mtu,
+        d: dict[str, object] = {"ifindex": i.ifindex, "ifname": i.name, "flags": _flags(n, i), "mtu": n.mtu_of(i),
                                 "qdisc": "noqueue" if i.kind in ("loopback", "bridge", "wifi") else "mq"}
         if i.kind == "bridge":
             pass
@@ -362,7 +395,7 @@ def ip_addr(c: SimCluster, node: str, only: str | None = None) -> tuple[str, int
         flags = ",".join(_flags(n, i))
         q = "noqueue" if i.kind in ("loopback", "bridge", "wifi") else "mq"
         tail = " qlen 1000" if i.kind != "bridge" else " "
-        lines.append(f"{i.ifindex}: {i.name}: <{flags}> mtu {i.mtu} qdisc {q} state {_operstate(n, i)} group default{tail}")
+        lines.append(f"{i.ifindex}: {i.name}: <{flags}> mtu {n.mtu_of(i)} qdisc {q} state {_operstate(n, i)} group default{tail}")
         lt = "loopback" if i.kind == "loopback" else "ether"
         brd = "00:00:00:00:00:00" if i.kind == "loopback" else "ff:ff:ff:ff:ff:ff"
         lines.append(f"    link/{lt} {i.mac} brd {brd}")
@@ -504,19 +537,23 @@ def _n(c: SimCluster, key: str, t: float) -> float:
     return noise(c.seed, key, t, 3.0)
 
 
-def docker_images(c: SimCluster, node: str, t: float, fmt_json: bool = False) -> str:
+def docker_images(c: SimCluster, node: str, t: float, fmt_json: bool = False, digests: bool = False) -> str:
     imgs = c.images_on(node, t)
     if fmt_json:
         return "".join(json.dumps({"Containers": "N/A", "CreatedAt": f"{i.created} 10:12:44 +0000 UTC",
-                                   "CreatedSince": "2 months ago", "Digest": "<none>", "ID": i.id[:12],
+                                   "CreatedSince": "2 months ago", "Digest": image_digest(i.ref) if digests else "<none>",
+                                   "ID": i.id[:12],
                                    "Repository": i.repo, "SharedSize": "N/A", "Size": _hsize(i.size_bytes, False),
                                    "Tag": i.tag, "UniqueSize": "N/A", "VirtualSize": _hsize(i.size_bytes, False)},
                                   separators=(",", ":")) + "\n" for i in imgs.values())
-    rows = [("REPOSITORY", "TAG", "IMAGE ID", "CREATED", "SIZE")]
+    rows = [("REPOSITORY", "TAG", *(("DIGEST",) if digests else ()), "IMAGE ID", "CREATED", "SIZE")]
     for i in imgs.values():
-        rows.append((i.repo, i.tag, i.id[:12], "2 months ago", _hsize(i.size_bytes, False)))
-    widths = [max(len(r[k]) for r in rows) for k in range(5)]
-    return "".join("   ".join(r[k].ljust(widths[k]) for k in range(4)) + "   " + r[4] + "\n" for r in rows)
+        rows.append((i.repo, i.tag, *((image_digest(i.ref),) if digests else ()), i.id[:12], "2 months ago",
+                     _hsize(i.size_bytes, False)))
+    k_last = len(rows[0]) - 1
+    widths = [max(len(r[k]) for r in rows) for k in range(k_last + 1)]
+    return "".join("   ".join(r[k].ljust(widths[k]) for k in range(k_last)) + "   " + r[k_last] + "\n"
+                   for r in rows)
 
 
 # ---- ray ---------------------------------------------------------------------------------------
@@ -551,7 +588,3 @@ def kernel_uname(node: str, flags: str) -> str:
         return " ".join(parts[k] for k in "snrvmpio") + "\n"
     keys = [k for k in "snrvmpio" if k in flags] or ["s"]
     return " ".join(parts[k] for k in keys) + "\n"
-
-
-def image_digest(ref: str) -> str:
-    return "sha256:" + stable_hex(64, "digest", ref)

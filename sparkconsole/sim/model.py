@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkconsole.sim.clock import SimClock
+from sparkconsole.sim.procs import ProcTable
+from sparkconsole.sim.vfs import VFS, FsError
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -109,10 +112,14 @@ def stable_int(lo: int, hi: int, *parts: Any) -> int:
 @dataclass(frozen=True)
 class Image:
     ref: str  # "vllm/vllm-openai:v0.17.0"
-    vllm_version: str  # what its log says
+    vllm_version: str  # what its log says ("" when the image has no vLLM)
     size_bytes: int
     created: str  # docker images CREATED (a date)
     knows_qwen35: bool
+    entrypoint: tuple[str, ...] = ("vllm", "serve")  # the image's own ENTRYPOINT
+    transformers: str = "4.57.1"
+    torch: str = "2.9.0"
+    sglang_version: str = ""  # "" when sglang is not importable
 
     @property
     def repo(self) -> str:
@@ -129,7 +136,24 @@ class Image:
 
 IMAGE_OLD = Image("vllm/vllm-openai:v0.14.1", "0.14.1", int(19.7 * GB), "2026-01-24", False)
 IMAGE_NEW = Image("vllm/vllm-openai:v0.17.0", "0.17.0", int(21.4 * GB), "2026-03-07", True)
-IMAGES = {i.ref: i for i in (IMAGE_OLD, IMAGE_NEW)}
+IMAGE_SGLANG = Image("lmsysorg/sglang:v0.5.9-cu130", "", int(32.6 * GB), "2026-03-02", True, entrypoint=(),
+                     transformers="4.57.1", torch="2.9.1", sglang_version="0.5.9")
+IMAGES = {i.ref: i for i in (IMAGE_OLD, IMAGE_NEW, IMAGE_SGLANG)}
+
+# what ``ModelRegistry.get_supported_archs()`` of each image knows, among the ones a check asks about
+ARCHS_COMMON = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeLiteForCausalLM", "LlamaForCausalLM",
+                          "Qwen2ForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Glm4MoeForCausalLM"})
+ARCHS_NEW = frozenset({"Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                       "Qwen3NextForCausalLM"})
+
+
+def image_archs(img: Image) -> frozenset[str]:
+    return ARCHS_COMMON | ARCHS_NEW if img.knows_qwen35 else ARCHS_COMMON | {"Qwen3NextForCausalLM"}
+
+
+def image_digest(ref: str) -> str:
+    """The registry digest (``RepoDigests``) of an image of the catalogue: stable per reference."""
+    return "sha256:" + stable_hex(64, "digest", ref)
 
 
 @dataclass(frozen=True)
@@ -146,6 +170,62 @@ class ModelSpec:
     needs_new_vllm: bool = False  # Qwen3.5: vLLM >= 0.16
     task: str = "generate"  # generate | embed | score
     hybrid: bool = False  # linear-attention / mamba layers (vLLM prints the block-size lines)
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    """One file of a model repository on the Hub (the tree API's entry)."""
+
+    path: str
+    size: int
+    sha256: str  # the LFS oid (a blob's name in the HF cache)
+    git_oid: str  # the git blob id (the tree API's "oid")
+    lfs: bool
+
+
+_SMALL_FILES = {  # name -> size in bytes (Qwen3.5-122B-A10B-FP8 as published)
+    ".gitattributes": 1_570, "LICENSE": 11_343, "README.md": 13_882, "config.json": 5_287,
+    "generation_config.json": 214, "merges.txt": 1_671_853, "model.safetensors.index.json": 3_408_822,
+    "preprocessor_config.json": 390, "tokenizer.json": 12_807_982, "tokenizer_config.json": 15_004,
+    "video_preprocessor_config.json": 385, "vocab.json": 2_776_833,
+}
+
+
+def repo_files(spec: ModelSpec) -> list[RepoFile]:
+    """The repository's files: the small ones plus ``shards`` safetensors shards, summing to
+    ``disk_bytes``, each with a stable sha256 (so a copy can be verified against the Hub's tree)."""
+    return _repo_files(spec.repo, spec.files, spec.shards, spec.disk_bytes)
+
+
+_FILES_CACHE: dict[str, list[RepoFile]] = {}
+
+
+def _repo_files(repo: str, n_files: int, shards: int, total: int) -> list[RepoFile]:
+    if repo in _FILES_CACHE:
+        return _FILES_CACHE[repo]
+    small_names = list(_SMALL_FILES)[: max(0, n_files - shards)]
+    out: list[RepoFile] = []
+    for name in small_names:
+        size = _SMALL_FILES[name]
+        lfs = name in ("tokenizer.json",)
+        out.append(RepoFile(name, size, stable_hex(64, repo, name, "sha"), stable_hex(40, repo, name, "git"), lfs))
+    rest = total - sum(f.size for f in out)
+    weights = [1.0 + 0.04 * (_hash01(repo, "shard", k) - 0.5) for k in range(shards)]
+    if shards > 1:
+        weights[-1] *= 0.55  # the last shard is the short one
+    scale = rest / sum(weights)
+    sizes = [int(w * scale) for w in weights]
+    sizes[0] += rest - sum(sizes)
+    for k, size in enumerate(sizes):
+        name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
+        out.append(RepoFile(name, size, stable_hex(64, repo, name, "sha"), stable_hex(40, repo, name, "git"), True))
+    out.sort(key=lambda f: f.path)
+    _FILES_CACHE[repo] = out
+    return out
+
+
+def repo_revision(repo: str) -> str:
+    return stable_hex(40, repo, "rev")
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -248,6 +328,8 @@ class EngineRun:
     rank_pids: tuple[int, ...] = ()  # the Ray workers' pids, one per TP rank (same order as ``nodes``)
     nccl_at: float | None = None  # TP>1: when the NCCL process group was up (collectives from then on)
     hung_at: float | None = None  # a TP worker was lost: nothing progresses after this (NCCL hangs)
+    # renders the access-log / metrics lines of traffic slot k (set by the planner: the model renders no text)
+    render_traffic: Callable[[EngineRun, int, float], list[LogLine]] | None = None
 
     def is_ready(self, t: float) -> bool:
         return (
@@ -311,13 +393,19 @@ class Container:
         return (0, self.started)
 
     def log_lines(self, t: float) -> list[LogLine]:
-        lines = [ln for ln in self.log if ln.t <= t]
+        return self.log_between(-math.inf, t)
+
+    def log_between(self, lo: float, hi: float) -> list[LogLine]:
+        """The lines logged in ``(lo, hi]``: what ``docker logs -f`` adds at one wake-up, and
+        ``--since`` (the cost is the lines in the window, not the whole log)."""
+        lines = [ln for ln in self.log if lo < ln.t <= hi]
         if self.engine is not None:
-            end = t
+            end = hi
             if self.stopped is not None:
                 end = min(end, self.stopped)
-            lines += [ln for ln in self.engine.lines if ln.t <= end]
-            lines += periodic_lines(self.engine, self.started or 0.0, end)
+            lines += [ln for ln in self.engine.lines if lo < ln.t <= end]
+            since = max(self.started or 0.0, lo)
+            lines += [ln for ln in periodic_lines(self.engine, since, end) if ln.t > lo]
         lines.sort(key=lambda ln: ln.t)
         return lines
 
@@ -332,8 +420,8 @@ def periodic_lines(run: EngineRun, since: float, until: float, limit: int | None
         end = min(end, run.hung_at)  # a lost TP worker: requests hang, no more stats lines
     if end <= start:
         return []
-    from sparkconsole.sim import vllm_logs  # local import: vllm_logs imports this module
-
+    if run.render_traffic is None:
+        return []
     out: list[LogLine] = []
     k_hi = math.floor((end - run.ready_at) / 10.0)
     k_lo = max(1, math.floor((start - run.ready_at) / 10.0))
@@ -341,7 +429,7 @@ def periodic_lines(run: EngineRun, since: float, until: float, limit: int | None
     while k >= k_lo:
         slot_t = run.ready_at + 10.0 * k
         if _hash01("slot", run.model, run.started, k) < run.activity:
-            out.extend(vllm_logs.traffic_lines(run, k, slot_t))
+            out.extend(run.render_traffic(run, k, slot_t))
             if limit is not None and len(out) >= limit:
                 break
         k -= 1
@@ -431,8 +519,14 @@ class SimNode:
     lost_at: float | None = None
     boot_uptime: float = 0.0  # uptime at sim t=0
     drop_times: list[float] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)  # small text files written by commands
+    files: dict[str, str] = field(default_factory=dict)  # extra read-only virtual files (tests)
     pid_counter: int = 0
+    mtu: dict[str, int] = field(default_factory=dict)  # interface -> MTU where not the default
+    gid_v2_index: int = 3  # where the RoCE v2 ::ffff:IPv4 GID sits (3 usually; some kits: 5)
+    hf_token: str | None = None  # written to ~/.cache/huggingface/token on nodes logged in to the Hub
+
+    def mtu_of(self, iface: Iface) -> int:
+        return self.mtu.get(iface.name, iface.mtu)
 
     @property
     def gpu_uuid(self) -> str:
@@ -527,6 +621,52 @@ class SimCluster:
         self.transfers: list[Transfer] = []
         self.ray: RayCluster | None = None
         self.scenario = "story"
+        self.filesystems: dict[str, VFS] = {}
+        self.proc_tables: dict[str, ProcTable] = {}
+        # computes a node's virtual /proc, /sys and /etc files (set by the renderers' owner: the shell)
+        self.virtual_files: Callable[[SimCluster, str], dict[str, str]] | None = None
+        # told when a node is lost (the engine planner uses it: TP engines spanning the node hang)
+        self.lost_listeners: list[Callable[[SimCluster, str, float], None]] = []
+        self.units: dict[str, dict[str, str]] = {}
+
+    def fs(self, node: str) -> VFS:
+        """The node's file system (made on first use, with the HF cache directory in place)."""
+        v = self.filesystems.get(node)
+        if v is None:
+            v = VFS(self.now, lambda: self.virtual_files(self, node) if self.virtual_files else {})
+            v.mkdir(HF_CACHE, parents=True)
+            v.mkdir("/root/.cache/sparkconsole", parents=True)
+            v.mkdir("/root/.ssh", parents=True)
+            tok = self.nodes[node].hf_token
+            if tok:
+                v.write_text("/root/.cache/huggingface/token", tok)
+                v.write_text("/root/.cache/huggingface/stored_tokens", f"[sparkops]\nhf_token = {tok}\n\n")
+            self.filesystems[node] = v
+        return v
+
+    def proc_table(self, node: str) -> ProcTable:
+        """The node's processes (they outlive the SSH channel that started them)."""
+        t = self.proc_tables.get(node)
+        if t is None:
+            t = ProcTable(node, self.now, first_pid=48_211 + 1_733 * self.nodes[node].index)
+            self.proc_tables[node] = t
+        return t
+
+    def seed_model(self, node: str, repo: str) -> None:
+        """Put a whole model in the node's HF cache (blobs, refs/main, snapshot links)."""
+        spec = MODELS[repo]
+        fs = self.fs(node)
+        base = model_dir(repo)
+        rev = repo_revision(repo)
+        for d in ("blobs", "refs", f"snapshots/{rev}"):
+            fs.mkdir(f"{base}/{d}", parents=True)
+        fs.write_text(f"{base}/refs/main", rev)
+        for f in repo_files(spec):
+            fs.put_blob(f"{base}/blobs/{f.sha256}", f.size, f.sha256)
+            link = f"{base}/snapshots/{rev}/{f.path}"
+            if fs.lookup(link, follow=False) is None:
+                fs.symlink(f"../../blobs/{f.sha256}", link)
+        self.nodes[node].models[repo] = spec.disk_bytes
 
     # -- basics --
     def now(self) -> float:
@@ -647,30 +787,48 @@ class SimCluster:
         when the collective's timeout runs out (see :func:`sparkconsole.sim.vllm_logs.worker_lost`)."""
         t = self.now() if t is None else t
         n = self.nodes[node]
+        self.proc_table(node).kill_all()  # a lost node runs nothing any more
         if n.lost_at is not None and n.lost_at <= t:
             return
         n.lost_at = t
-        from sparkconsole.sim import vllm_logs  # local import: vllm_logs imports this module
-
-        for _c, e in self.all_engines():
-            vllm_logs.worker_lost(self, e, node, t)
+        for listener in list(self.lost_listeners):
+            listener(self, node, t)
 
     def drop_caches(self, node: str, t: float | None = None) -> None:
         self.nodes[node].drop_times.append(self.now() if t is None else t)
 
     # -- disk / models / images --
     def model_bytes(self, node: str, repo: str, t: float | None = None) -> int:
-        t = self.now() if t is None else t
-        have = self.nodes[node].models.get(repo, 0)
-        for tr in self.transfers:
-            if tr.dst == node and tr.what == repo and tr.kind in ("download", "rsync") and tr.t0 <= t:
-                have = max(have, int(tr.done_bytes(t)))
-        return have
+        """Bytes of ``repo`` in the node's HF cache now (whole and partial blobs)."""
+        fs = self.fs(node)
+        base = model_dir(repo) + "/blobs"
+        try:
+            names = fs.listdir(base)
+        except FsError:
+            return 0
+        total = 0
+        for n in names:
+            ent = fs.lookup(f"{base}/{n}", follow=False)
+            if ent is not None and ent.kind == "file":
+                total += ent.nbytes()
+        return total
+
+    def model_files_ok(self, node: str, repo: str, path: str | None = None) -> list[str]:
+        """The repo's files missing or short under ``path`` (default: its HF cache snapshot)."""
+        spec = MODELS[repo]
+        fs = self.fs(node)
+        base = path or f"{model_dir(repo)}/snapshots/{repo_revision(repo)}"
+        bad = []
+        for f in repo_files(spec):
+            ent = fs.lookup(f"{base}/{f.path}", follow=True)
+            if ent is None or ent.kind != "file" or ent.nbytes() != f.size:
+                bad.append(f.path)
+        return bad
 
     def has_model(self, node: str, repo: str, t: float | None = None) -> bool:
-        spec = MODELS.get(repo)
-        need = spec.disk_bytes if spec else 1
-        return self.model_bytes(node, repo, t) >= need
+        if repo not in MODELS:
+            return False
+        return not self.model_files_ok(node, repo)
 
     def images_on(self, node: str, t: float | None = None) -> dict[str, Image]:
         t = self.now() if t is None else t
@@ -683,8 +841,9 @@ class SimCluster:
     def disk_used(self, node: str, t: float | None = None) -> int:
         t = self.now() if t is None else t
         used = DISK_OS_USED + sum(i.size_bytes for i in self.images_on(node, t).values())
-        repos = set(self.nodes[node].models) | {tr.what for tr in self.transfers if tr.dst == node and tr.kind != "image"}
-        used += sum(self.model_bytes(node, r, t) for r in repos)
+        fs = self.filesystems.get(node)
+        if fs is not None:
+            used += sum(e.nbytes() for p, e in fs.entries.items() if e.kind == "file")
         return used
 
     # -- gpu telemetry --

@@ -22,13 +22,13 @@ Nodes beyond the second (``--nodes N``) are workers like ``spark-5be3``.
 
 from __future__ import annotations
 
-from sparkconsole.sim import vllm_logs
+from sparkconsole.sim import formats, vllm_logs
 from sparkconsole.sim.clock import SimClock
 from sparkconsole.sim.model import (
     GIB,
     IMAGE_NEW,
     IMAGE_OLD,
-    MODELS,
+    IMAGE_SGLANG,
     Container,
     SimCluster,
     stable_hex,
@@ -56,12 +56,28 @@ def _service(cluster: SimCluster, node: str, name: str, model: str, argv: list[s
     return ct
 
 
+def _engines_see_lost_node(cluster: SimCluster, node: str, t: float) -> None:
+    for _c, e in cluster.all_engines():
+        vllm_logs.worker_lost(cluster, e, node, t)
+
+
+def wire(c: SimCluster) -> SimCluster:
+    """Connect the model to its renderers: virtual files, and engines told of a lost node
+    (the model imports neither, so it stays free of text)."""
+    if c.virtual_files is None:
+        c.virtual_files = lambda cl, node: formats.sysfs_files(cl, node, cl.now())
+    if _engines_see_lost_node not in c.lost_listeners:
+        c.lost_listeners.append(_engines_see_lost_node)
+    return c
+
+
 def build(scenario: str = "story", nodes: int = 2, clock: SimClock | None = None, seed: int = 1234,
           lost_after: float = 20.0) -> SimCluster:
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}: choose one of {', '.join(SCENARIOS)}")
     clock = clock or SimClock()
     c = SimCluster(clock, n_nodes=nodes, seed=seed)
+    wire(c)
     c.scenario = scenario
     names = list(c.nodes)
     for i, name in enumerate(names):
@@ -70,13 +86,15 @@ def build(scenario: str = "story", nodes: int = 2, clock: SimClock | None = None
             n.images = {IMAGE_OLD.ref: IMAGE_OLD}
         elif scenario == "healthy" or i == 0:
             n.images = {IMAGE_OLD.ref: IMAGE_OLD, IMAGE_NEW.ref: IMAGE_NEW}
+            if scenario == "story":
+                n.images[IMAGE_SGLANG.ref] = IMAGE_SGLANG
         else:
             n.images = {IMAGE_OLD.ref: IMAGE_OLD}
-        n.models = {EMBED: MODELS[EMBED].disk_bytes}
-        if i == 0:
-            n.models.update({GLM: MODELS[GLM].disk_bytes, RERANK: MODELS[RERANK].disk_bytes})
-        if scenario == "healthy":
-            n.models[QWEN] = MODELS[QWEN].disk_bytes
+        if n.internet:
+            n.hf_token = "hf_" + stable_hex(34, "token", seed, name)
+        repos = [EMBED] + ([GLM, RERANK] if i == 0 else []) + ([QWEN] if scenario == "healthy" else [])
+        for repo in repos:
+            c.seed_model(name, repo)
         if scenario == "link-down":
             n.port1_up = False
     if scenario == "node-lost" and len(names) > 1:

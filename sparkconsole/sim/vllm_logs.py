@@ -324,7 +324,7 @@ def _plan_serve(
     run = EngineRun(model=args.model, served_name=served, version=version, port=args.port, tp=args.tp,
                     started=t0, lines=sc.lines, holders=[], reasoning_parser=args.reasoning_parser,
                     activity=activity, nodes=(node.name,), pid_api=pid_api, epoch0=cluster.clock.epoch(0.0),
-                    pid_core=pid_core)
+                    pid_core=pid_core, render_traffic=traffic_lines)
 
     def fail(dt: float, kind: str) -> EngineRun:
         run.failed_at = t0 + dt

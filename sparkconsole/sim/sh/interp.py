@@ -1,0 +1,1055 @@
+"""The interpreter: runs a parsed ``sh`` script on one simulated node, as dash would.
+
+A :class:`Interp` is one shell process's state (variables, exported names, positional
+parameters, ``$?``, ``$!``, working directory, functions, its background jobs) plus the node it
+runs on. Builtins that change that state (``cd``, ``export``, ``exit``, ``wait``, ``kill`` ...)
+run here; every other command is a *tool* (``c_NAME`` methods of the tool mixins, see
+:mod:`sparkconsole.sim.tools`) run as its own process in the node's process table
+(:mod:`sparkconsole.sim.procs`), so ``ps``/``pgrep``/``kill`` from another connection see it.
+
+Redirections write into the node's file system (:mod:`sparkconsole.sim.vfs`) as the output is
+produced, so a log grows while the job runs. Pipelines run stage by stage (each stage's output is
+the next one's input), which is exact for finite commands; ``docker save X | ssh HOST docker
+load`` is recognised as one image copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import fnmatch
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sparkconsole.sim.procs import SIGNALS, Process, ProcTable
+from sparkconsole.sim.sh import expand as X
+from sparkconsole.sim.sh.parse import (
+    AndOr,
+    Case,
+    For,
+    FuncDef,
+    Group,
+    HereDoc,
+    If,
+    ListNode,
+    Loop,
+    Node,
+    Pipeline,
+    Redir,
+    ShSyntaxError,
+    Simple,
+    parse,
+)
+from sparkconsole.sim.vfs import VFS, FsError
+
+if TYPE_CHECKING:
+    from sparkconsole.sim.model import SimCluster
+
+Writer = Callable[[str], None]
+
+
+def _null(_s: str) -> None:
+    return None
+
+
+@dataclass
+class IO:
+    """What a command gets: its stdout/stderr writers, its stdin text, its environment and process."""
+
+    out: Writer
+    err: Writer
+    stdin: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    proc: Process | None = None
+
+
+class Capture:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def __call__(self, s: str) -> None:
+        self.parts.append(s)
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+class ShellExit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class _Break(Exception):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class _Continue(_Break):
+    pass
+
+
+class _Return(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+DEFAULT_ENV = {
+    "HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "USER": "root",
+    "LOGNAME": "root", "SHELL": "/bin/bash", "LANG": "C.UTF-8", "PWD": "/root",
+}
+
+# prefixes that run the rest of their arguments in the same process (exec)
+WRAPPERS = ("nohup", "setsid", "sudo", "timeout", "env", "nice", "exec", "stdbuf", "ionice", "command")
+
+
+class Interp:
+    """One shell's state on one node; subclasses add the tools (``c_NAME`` methods)."""
+
+    def __init__(self, cluster: SimCluster, node: str) -> None:
+        self.cluster = cluster
+        self.node_name = node
+        self.vars: dict[str, str] = dict(DEFAULT_ENV)
+        self.exported: set[str] = set(DEFAULT_ENV)
+        self.params: list[str] = []
+        self.arg0 = "sh"
+        self.last_rc = 0
+        self.last_bg: int | None = None
+        self.cwd = "/root"
+        self.funcs: dict[str, Node] = {}
+        self.jobs: dict[int, Process] = {}
+        self.proc: Process | None = None
+        self.lineno = 1
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    @property
+    def clock(self):
+        return self.cluster.clock
+
+    def now(self) -> float:
+        return self.cluster.now()
+
+    @property
+    def fs(self) -> VFS:
+        return self.cluster.fs(self.node_name)
+
+    @property
+    def procs(self) -> ProcTable:
+        return self.cluster.proc_table(self.node_name)
+
+    def fork(self, proc: Process | None = None) -> Interp:
+        """A subshell: a copy of this shell's state, sharing the node."""
+        sub = copy.copy(self)
+        sub.vars = dict(self.vars)
+        sub.exported = set(self.exported)
+        sub.params = list(self.params)
+        sub.funcs = dict(self.funcs)
+        sub.jobs = {}
+        sub.proc = proc if proc is not None else self.proc
+        return sub
+
+    def fresh(self, proc: Process | None) -> Interp:
+        """A new ``sh`` process: only the exported variables come along."""
+        sub = self.fork(proc)
+        sub.vars = {k: v for k, v in self.vars.items() if k in self.exported}
+        sub.exported = set(sub.vars)
+        sub.funcs = {}
+        sub.params = []
+        sub.last_rc = 0
+        sub.last_bg = None
+        return sub
+
+    def env_for(self, assigns: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in self.vars.items() if k in self.exported}
+        env.update(assigns)
+        return env
+
+    def getvar(self, name: str) -> str | None:
+        if name == "?":
+            return str(self.last_rc)
+        if name == "!":
+            return "" if self.last_bg is None else str(self.last_bg)
+        if name == "$":
+            return str(self.proc.pid if self.proc else 1)
+        if name == "#":
+            return str(len(self.params))
+        if name in ("@", "*"):
+            return " ".join(self.params)
+        if name == "0":
+            return self.arg0
+        if name.isdigit():
+            k = int(name)
+            return self.params[k - 1] if k <= len(self.params) else None
+        if name == "-":
+            return ""
+        if name == "PWD":
+            return self.cwd
+        return self.vars.get(name)
+
+    def setvar(self, name: str, value: str) -> None:
+        self.vars[name] = value
+
+    async def command_subst(self, script: str) -> str:
+        cap = Capture()
+        sub = self.fork()
+        rc = await sub.run_script(script, IO(cap, self._cur_err, None, proc=self.proc), subshell=True)
+        self.last_rc = rc
+        self._subst_rc = rc
+        return cap.text().rstrip("\n")
+
+    def glob(self, pattern: str) -> list[str]:
+        try:
+            return self.fs.glob(pattern, self.cwd)
+        except FsError:
+            return []
+
+    def err_prefix(self) -> str:
+        return f"{self.arg0}: {self.lineno}: "
+
+    # ---- running scripts ---------------------------------------------------------------------
+
+    async def run_script(self, src: str, io: IO, subshell: bool = False, exec_in: Process | None = None) -> int:
+        """Parse and run ``src``; ``exec_in``: a lone simple command runs in that process (as dash
+        and bash exec the last command of ``sh -c``)."""
+        try:
+            tree = parse(src)
+        except ShSyntaxError as exc:
+            io.err(f"{self.arg0}: {exc.line}: {exc}\n")
+            self.last_rc = 2
+            return 2
+        except ValueError as exc:
+            io.err(f"{self.arg0}: 1: Syntax error: {exc}\n")
+            return 2
+        self._cur_err = io.err
+        try:
+            lone = (len(tree.items) == 1 and not tree.items[0][1] and not tree.items[0][0].rest
+                    and len(tree.items[0][0].first.cmds) == 1 and not tree.items[0][0].first.bang
+                    and isinstance(tree.items[0][0].first.cmds[0], Simple))
+            if lone and exec_in is not None:
+                cmd = tree.items[0][0].first.cmds[0]
+                assert isinstance(cmd, Simple)
+                return await self.simple(cmd, io, reuse=exec_in)
+            return await self.run_list(tree, io)
+        except ShellExit as e:
+            self.last_rc = e.code
+            return e.code
+        except _Return as r:
+            return r.code
+        except _Break:
+            return self.last_rc
+
+    async def run_list(self, node: ListNode, io: IO) -> int:
+        for ao, bg in node.items:
+            if bg:
+                self.background(ao, io)
+                self.last_rc = 0
+            else:
+                self.last_rc = await self.and_or(ao, io)
+        return self.last_rc
+
+    def background(self, ao: AndOr, io: IO) -> Process:
+        parent = self.proc
+        argv = list(parent.argv) if parent is not None else ["sh"]
+        p = self.procs.spawn(argv, parent=parent, bg=True)
+        sub = self.fork(p)
+        bg_io = IO(io.out, io.err, "", proc=p)  # stdin of an async list is /dev/null
+        lone = (not ao.rest and len(ao.first.cmds) == 1 and not ao.first.bang
+                and isinstance(ao.first.cmds[0], Simple))
+
+        async def job() -> int:
+            try:
+                if lone:
+                    cmd = ao.first.cmds[0]
+                    assert isinstance(cmd, Simple)
+                    return await sub.simple(cmd, bg_io, reuse=p)
+                return await sub.and_or(ao, bg_io)
+            except ShellExit as e:
+                return e.code
+
+        self.procs.start(p, job())
+        self.jobs[p.pid] = p
+        self.last_bg = p.pid
+        return p
+
+    async def and_or(self, ao: AndOr, io: IO) -> int:
+        rc = await self.pipeline(ao.first, io)
+        self.last_rc = rc
+        for op, pl in ao.rest:
+            if (op == "&&" and rc == 0) or (op == "||" and rc != 0):
+                rc = await self.pipeline(pl, io)
+                self.last_rc = rc
+        return rc
+
+    async def pipeline(self, pl: Pipeline, io: IO) -> int:
+        if len(pl.cmds) == 1:
+            rc = await self.command(pl.cmds[0], io)
+        else:
+            rc = await self._pipe(pl.cmds, io)
+        return (0 if rc else 1) if pl.bang else rc
+
+    async def _pipe(self, cmds: list[Node], io: IO) -> int:
+        special = await self._special_pipe(cmds, io)
+        if special is not None:
+            return special
+        data = io.stdin
+        rc = 0
+        for i, cmd in enumerate(cmds):
+            sub = self.fork()
+            last = i == len(cmds) - 1
+            if last:
+                rc = await sub.command(cmd, IO(io.out, io.err, data, proc=io.proc))
+            else:
+                cap = Capture()
+                rc = await sub.command(cmd, IO(cap, io.err, data, proc=io.proc))
+                data = cap.text()
+        return rc
+
+    async def _special_pipe(self, cmds: list[Node], io: IO) -> int | None:
+        """``docker save IMAGE | ssh [opts] HOST docker load``: one image copy over the link."""
+        if len(cmds) != 2 or not all(isinstance(c, Simple) for c in cmds):
+            return None
+        left = await self._expand_words(cmds[0].words)  # type: ignore[union-attr]
+        right = await self._expand_words(cmds[1].words)  # type: ignore[union-attr]
+        left, right = self.peel(left), self.peel(right)
+        if left[:2] == ["docker", "save"] and right[:1] == ["ssh"]:
+            return await self.image_copy(left, right, io)  # type: ignore[attr-defined]
+        return None
+
+    @staticmethod
+    def peel(argv: list[str]) -> list[str]:
+        """Drop exec-style prefixes (``sudo -n``, ``timeout N``, ``env K=V``, ``nohup``...)."""
+        while argv:
+            a = argv[0]
+            if a == "sudo":
+                argv = argv[1:]
+                while argv and argv[0].startswith("-"):
+                    argv = argv[2:] if argv[0] in ("-u", "-g") else argv[1:]
+            elif a == "timeout":
+                argv = argv[1:]
+                while argv and argv[0].startswith("-"):
+                    argv = argv[2:] if argv[0] in ("-k", "-s") else argv[1:]
+                argv = argv[1:]
+            elif a == "env":
+                argv = argv[1:]
+                while argv and ("=" in argv[0] or argv[0].startswith("-")):
+                    argv = argv[1:]
+            elif a in ("nohup", "setsid", "exec", "nice", "stdbuf") or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", a):
+                argv = argv[1:]
+                while a in ("setsid", "nice", "stdbuf") and argv and argv[0].startswith("-"):
+                    argv = argv[1:]
+            else:
+                break
+        return argv
+
+    async def command(self, node: Node, io: IO) -> int:
+        if isinstance(node, Simple):
+            return await self.simple(node, io)
+        if isinstance(node, FuncDef):
+            self.funcs[node.name] = node.body
+            return 0
+        redirs = getattr(node, "redirs", [])
+        io2 = await self._redirect(redirs, io) if redirs else io
+        if io2 is None:
+            return 2
+        if isinstance(node, If):
+            for cond, body in node.clauses:
+                if await self.run_list(cond, io2) == 0:
+                    return await self.run_list(body, io2)
+            if node.else_ is not None:
+                return await self.run_list(node.else_, io2)
+            return 0
+        if isinstance(node, For):
+            words = (await self._expand_words(node.words)) if node.words is not None else list(self.params)
+            rc = 0
+            for w in words:
+                self.vars[node.var] = w
+                try:
+                    rc = await self.run_list(node.body, io2)
+                except _Continue as c:
+                    if c.n > 1:
+                        raise _Continue(c.n - 1) from None
+                    continue
+                except _Break as b:
+                    if b.n > 1:
+                        raise _Break(b.n - 1) from None
+                    break
+            return rc
+        if isinstance(node, Loop):
+            rc = 0
+            while True:
+                c = await self.run_list(node.cond, io2)
+                if (c == 0) == node.until:
+                    return rc
+                try:
+                    rc = await self.run_list(node.body, io2)
+                except _Continue as cc:
+                    if cc.n > 1:
+                        raise _Continue(cc.n - 1) from None
+                    continue
+                except _Break as b:
+                    if b.n > 1:
+                        raise _Break(b.n - 1) from None
+                    return rc
+                await asyncio.sleep(0)
+        if isinstance(node, Group):
+            if node.subshell:
+                sub = self.fork()
+                try:
+                    return await sub.run_list(node.body, io2)
+                except ShellExit as e:
+                    return e.code
+            return await self.run_list(node.body, io2)
+        if isinstance(node, Case):
+            word = await X.expand_str(self, node.word)
+            for pats, body in node.arms:
+                for p in pats:
+                    if fnmatch.fnmatchcase(word, await X.expand_str(self, p)):
+                        return await self.run_list(body, io2)
+            return 0
+        raise AssertionError(f"unknown node {node!r}")
+
+    async def _expand_words(self, words: list[str]) -> list[str]:
+        out: list[str] = []
+        for w in words:
+            out.extend(await X.expand_word(self, w))
+        return out
+
+    # ---- simple commands ---------------------------------------------------------------------
+
+    async def simple(self, cmd: Simple, io: IO, reuse: Process | None = None) -> int:
+        self.lineno = cmd.line
+        self._cur_err = io.err
+        self._subst_rc = None
+        try:
+            argv = await self._expand_words(cmd.words)
+            assigns = {}
+            for a in cmd.assigns:
+                name, _, raw = a.partition("=")
+                assigns[name] = await X.expand_str(self, raw)
+        except X.ExpandError as exc:
+            io.err(f"{self.err_prefix()}{exc}\n")
+            return 2
+        io2 = await self._redirect(cmd.redirs, io)
+        if io2 is None:
+            return 1 if argv else 2
+        if not argv:
+            self.vars.update(assigns)
+            return self._subst_rc if self._subst_rc is not None else 0
+        name = argv[0]
+        if name in self.funcs:
+            saved = self.params
+            self.params = argv[1:]
+            try:
+                return await self.command(self.funcs[name], io2)
+            except _Return as r:
+                return r.code
+            finally:
+                self.params = saved
+        builtin = getattr(self, "b_" + name.replace("[", "lbracket").replace(":", "colon").replace(".", "dot"),
+                          None)
+        if builtin is not None and re.fullmatch(r"[a-z\[:.]+", name):
+            io2.env = self.env_for(assigns)
+            try:
+                return await builtin(argv, io2)
+            except (ShellExit, _Break, _Return):
+                raise
+        env = self.env_for(assigns)
+        return await self.external(argv, IO(io2.out, io2.err, io2.stdin, env, io2.proc), reuse)
+
+    async def external(self, argv: list[str], io: IO, reuse: Process | None = None) -> int:
+        """Run a tool as a process: in ``reuse`` (exec), else as a new child of this shell."""
+        if reuse is not None:
+            reuse.argv = list(argv)
+            return await self.exec_argv(argv, IO(io.out, io.err, io.stdin, io.env, reuse))
+        p = self.procs.spawn(argv, parent=self.proc)
+        task = self.procs.start(p, self.exec_argv(argv, IO(io.out, io.err, io.stdin, io.env, p)))
+        await asyncio.wait({task})  # our own cancellation does not cancel the child
+        assert p.rc is not None
+        return p.rc
+
+    async def exec_argv(self, argv: list[str], io: IO) -> int:
+        """``argv`` run inside process ``io.proc`` (wrappers exec the rest in the same process)."""
+        try:
+            return await self._exec_argv(argv, io)
+        except ShellExit as e:
+            return e.code
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in a tool: say so instead of dying silently
+            io.err(f"sparksim: internal error in {argv[0]}: {exc!r}\n")
+            return 1
+
+    async def _exec_argv(self, argv: list[str], io: IO) -> int:
+        p = io.proc
+        while argv:
+            name = argv[0]
+            if name in ("nohup",):
+                if p is not None:
+                    p.nohup = True
+                argv = argv[1:]
+                if not argv:
+                    io.err("nohup: missing operand\nTry 'nohup --help' for more information.\n")
+                    return 125
+                continue
+            if name == "setsid":
+                argv = argv[1:]
+                while argv and argv[0].startswith("-"):
+                    argv = argv[1:]
+                if not argv:
+                    io.err("setsid: no command specified\n")
+                    return 1
+                if p is not None and p.pid == p.pgid:
+                    # a group leader cannot setsid(): setsid forks, the child runs on, the parent returns
+                    child = self.procs.spawn(argv, parent=p, session_leader=True)
+                    child.bg = True
+                    child.nohup = p.nohup
+                    self.procs.start(child, self.exec_argv(argv, IO(io.out, io.err, io.stdin, io.env, child)))
+                    return 0
+                if p is not None:
+                    p.pgid = p.sid = p.pid
+                    p.bg = True
+                continue
+            if name in ("exec", "nice", "stdbuf", "ionice"):
+                argv = argv[1:]
+                while name != "exec" and argv and argv[0].startswith("-"):
+                    argv = argv[2:] if argv[0] in ("-n", "-c") else argv[1:]
+                continue
+            if name == "sudo":
+                argv = argv[1:]
+                while argv and argv[0].startswith("-"):
+                    argv = argv[2:] if argv[0] in ("-u", "-g") else argv[1:]
+                if not argv:
+                    io.err("usage: sudo -h | -K | -k | -V\n")
+                    return 1
+                continue
+            if name == "env":
+                argv = argv[1:]
+                env = dict(io.env)
+                while argv and (argv[0].startswith("-") or "=" in argv[0]):
+                    if "=" in argv[0] and not argv[0].startswith("-"):
+                        k, _, v = argv[0].partition("=")
+                        env[k] = v
+                    argv = argv[1:]
+                io = IO(io.out, io.err, io.stdin, env, io.proc)
+                if not argv:
+                    io.out("".join(f"{k}={v}\n" for k, v in env.items()))
+                    return 0
+                continue
+            if name == "timeout":
+                return await self._timeout(argv, io)
+            if name in ("sh", "bash", "/bin/sh", "/bin/bash", "dash"):
+                return await self._sh(argv, io)
+            break
+        if not argv:
+            return 0
+        return await self.tool(argv, io)
+
+    async def _timeout(self, argv: list[str], io: IO) -> int:
+        args = argv[1:]
+        while args and args[0].startswith("-"):
+            args = args[2:] if args[0] in ("-k", "-s") else args[1:]
+        if len(args) < 2:
+            io.err("timeout: missing operand\nTry 'timeout --help' for more information.\n")
+            return 125
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", args[0])
+        if not m:
+            io.err(f"timeout: invalid time interval '{args[0]}'\nTry 'timeout --help' for more information.\n")
+            return 125
+        secs = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        inner = asyncio.ensure_future(self._exec_argv(args[1:], io))
+        timer = asyncio.ensure_future(self.clock.sleep(secs))
+        try:
+            await asyncio.wait({inner, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        if inner.done():
+            return inner.result()
+        inner.cancel()
+        with contextlib.suppress(BaseException):
+            await inner
+        return 124
+
+    async def _sh(self, argv: list[str], io: IO) -> int:
+        args = argv[1:]
+        script: str | None = None
+        while args and args[0].startswith("-") and args[0] != "-":
+            flag = args.pop(0)
+            if "c" in flag:
+                if not args:
+                    io.err(f"{argv[0]}: 0: -c requires an argument\n")
+                    return 2
+                script = args.pop(0)
+        sub = self.fresh(io.proc)
+        sub.vars.update(io.env)
+        sub.exported |= set(io.env)
+        if script is not None:
+            if args:
+                sub.arg0, sub.params = args[0], args[1:]
+            else:
+                sub.arg0 = argv[0].rsplit("/", 1)[-1]
+            return await sub.run_script(script, io, exec_in=io.proc)
+        if args:
+            try:
+                text = self.fs.read_text(args[0], self.cwd)
+            except FsError:
+                io.err(f"{argv[0]}: 0: cannot open {args[0]}: No such file\n")
+                return 2
+            sub.arg0, sub.params = args[0], args[1:]
+            return await sub.run_script(text, io)
+        return await sub.run_script(io.stdin or "", IO(io.out, io.err, "", io.env, io.proc))
+
+    async def tool(self, argv: list[str], io: IO) -> int:
+        name = argv[0]
+        base = name.rsplit("/", 1)[-1] if name.startswith(("/usr/", "/bin/", "/sbin/")) else name
+        handler: Callable[[list[str], IO], Awaitable[int]] | None = None
+        if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", base):
+            handler = getattr(self, "c_" + base.replace("-", "_").replace(".", "_"), None)
+        if handler is None:
+            io.err(f"{self.err_prefix()}{name}: not found\n")
+            return 127
+        return await handler([base, *argv[1:]], io)
+
+    # ---- redirections ------------------------------------------------------------------------
+
+    async def _redirect(self, redirs: list[Redir], io: IO) -> IO | None:
+        if not redirs:
+            return io
+        fds: dict[int, Writer] = {1: io.out, 2: io.err}
+        stdin = io.stdin
+        for r in redirs:
+            if isinstance(r.target, HereDoc):
+                hd = r.target
+                stdin = hd.body if hd.quoted else await X.expand_heredoc(self, hd.body)
+                continue
+            try:
+                fields = await X.expand_word(self, r.target, split=True, glob=True)
+            except X.ExpandError as exc:
+                io.err(f"{self.err_prefix()}{exc}\n")
+                return None
+            if len(fields) != 1:
+                io.err(f"{self.err_prefix()}{r.target}: Ambiguous redirect\n" if fields else
+                       f"{self.err_prefix()}: Ambiguous redirect\n")
+                return None
+            target = fields[0]
+            if r.op in (">&", "<&"):
+                if target == "-":
+                    fds[r.fd] = _null
+                    continue
+                if target.isdigit():
+                    src = int(target)
+                    if src == 0 and r.op == "<&":
+                        continue
+                    if src not in fds:
+                        io.err(f"{self.err_prefix()}{src}: Bad file descriptor\n")
+                        return None
+                    fds[r.fd] = fds[src]
+                    continue
+                # >& FILE (bash): both to the file
+            if r.op in ("<", "<>"):
+                if r.fd != 0:
+                    continue
+                if target == "/dev/null":
+                    stdin = ""
+                    continue
+                try:
+                    stdin = self.fs.read_text(target, self.cwd)
+                except FsError:
+                    io.err(f"{self.err_prefix()}cannot open {target}: No such file\n")
+                    return None
+                continue
+            w = self._open_writer(target, r.op == ">>", io.err)
+            if w is None:
+                return None
+            fds[r.fd] = w
+            if r.op == ">&":
+                fds[1] = fds[2] = w
+        return IO(fds.get(1, _null), fds.get(2, _null), stdin, io.env, io.proc)
+
+    def _open_writer(self, target: str, append: bool, err: Writer) -> Writer | None:
+        if target in ("/dev/null", "/dev/zero"):
+            return _null
+        if target in ("/dev/stderr", "/dev/fd/2"):
+            return err
+        if target == "/proc/sys/vm/drop_caches":
+            def drop(s: str) -> None:
+                if s.strip() in ("1", "2", "3"):
+                    self.cluster.drop_caches(self.node_name)
+            return drop
+        try:
+            real = self.fs.open_write(target, append, self.cwd)
+        except FsError as exc:
+            why = "Directory nonexistent" if exc.reason == "No such file or directory" else exc.reason
+            err(f"{self.err_prefix()}cannot create {target}: {why}\n")
+            return None
+        fs = self.fs
+        return lambda s: fs.append(real, s)
+
+    # ---- builtins ----------------------------------------------------------------------------
+
+    async def b_colon(self, argv: list[str], io: IO) -> int:
+        return 0
+
+    async def b_true(self, argv: list[str], io: IO) -> int:
+        return 0
+
+    async def b_false(self, argv: list[str], io: IO) -> int:
+        return 1
+
+    async def b_exit(self, argv: list[str], io: IO) -> int:
+        if len(argv) > 1 and not re.fullmatch(r"\d+", argv[1]):
+            io.err(f"{self.err_prefix()}exit: Illegal number: {argv[1]}\n")
+            raise ShellExit(2)
+        raise ShellExit(int(argv[1]) % 256 if len(argv) > 1 else self.last_rc)
+
+    async def b_return(self, argv: list[str], io: IO) -> int:
+        raise _Return(int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else self.last_rc)
+
+    async def b_break(self, argv: list[str], io: IO) -> int:
+        raise _Break(int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else 1)
+
+    async def b_continue(self, argv: list[str], io: IO) -> int:
+        raise _Continue(int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else 1)
+
+    async def b_export(self, argv: list[str], io: IO) -> int:
+        args = [a for a in argv[1:] if a != "-p"]
+        if not args:
+            io.out("".join(f"export {k}='{v}'\n" for k, v in sorted(self.vars.items()) if k in self.exported))
+            return 0
+        for a in args:
+            name, eq, val = a.partition("=")
+            if eq:
+                self.vars[name] = val
+            self.exported.add(name)
+        return 0
+
+    async def b_readonly(self, argv: list[str], io: IO) -> int:
+        for a in argv[1:]:
+            name, eq, val = a.partition("=")
+            if eq:
+                self.vars[name] = val
+        return 0
+
+    async def b_local(self, argv: list[str], io: IO) -> int:
+        return await self.b_readonly(argv, io)
+
+    async def b_unset(self, argv: list[str], io: IO) -> int:
+        for a in argv[1:]:
+            if a in ("-v", "-f"):
+                continue
+            self.vars.pop(a, None)
+            self.exported.discard(a)
+            self.funcs.pop(a, None)
+        return 0
+
+    async def b_set(self, argv: list[str], io: IO) -> int:
+        if len(argv) == 1:
+            io.out("".join(f"{k}='{v}'\n" for k, v in sorted(self.vars.items())))
+            return 0
+        args = argv[1:]
+        if args and args[0] == "--":
+            self.params = args[1:]
+        elif args and not args[0].startswith(("-", "+")):
+            self.params = args
+        return 0  # options (-e, -u, -x, -o pipefail) are accepted and not modelled
+
+    async def b_shift(self, argv: list[str], io: IO) -> int:
+        n = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else 1
+        if n > len(self.params):
+            io.err(f"{self.err_prefix()}shift: can't shift that many\n")
+            return 2
+        self.params = self.params[n:]
+        return 0
+
+    async def b_trap(self, argv: list[str], io: IO) -> int:
+        return 0
+
+    async def b_umask(self, argv: list[str], io: IO) -> int:
+        if len(argv) == 1:
+            io.out("0022\n")
+        return 0
+
+    async def b_cd(self, argv: list[str], io: IO) -> int:
+        target = argv[1] if len(argv) > 1 else self.vars.get("HOME", "/root")
+        if target == "-":
+            target = self.vars.get("OLDPWD", self.cwd)
+        ent = self.fs.lookup(target, True, self.cwd)
+        if ent is None or ent.kind != "dir":
+            io.err(f"{self.err_prefix()}cd: can't cd to {target}\n")
+            return 2
+        self.vars["OLDPWD"] = self.cwd
+        self.cwd = self.fs.resolve(target, True, self.cwd)
+        self.vars["PWD"] = self.cwd
+        return 0
+
+    async def b_pwd(self, argv: list[str], io: IO) -> int:
+        io.out(self.cwd + "\n")
+        return 0
+
+    async def b_eval(self, argv: list[str], io: IO) -> int:
+        return await self.run_script(" ".join(argv[1:]), io)
+
+    async def b_read(self, argv: list[str], io: IO) -> int:
+        names = [a for a in argv[1:] if not a.startswith("-")] or ["REPLY"]
+        data = io.stdin or ""
+        if not data:
+            return 1
+        line = data.split("\n", 1)[0]
+        parts = line.split(None, len(names) - 1)
+        for k, n in enumerate(names):
+            self.vars[n] = parts[k] if k < len(parts) else ""
+        return 0
+
+    async def b_wait(self, argv: list[str], io: IO) -> int:
+        pids = [int(a) for a in argv[1:] if a.isdigit()]
+        rc = 0
+        if not pids:
+            for p in list(self.jobs.values()):
+                await p.done.wait()
+            self.jobs.clear()
+            return 0
+        for pid in pids:
+            p = self.jobs.pop(pid, None)
+            if p is None:
+                rc = 127
+                continue
+            await p.done.wait()
+            rc = p.rc if p.rc is not None else 0
+        return rc
+
+    async def b_kill(self, argv: list[str], io: IO) -> int:
+        args = argv[1:]
+        sig = SIGNALS["TERM"]
+        if args and args[0] == "-l":
+            io.out(" ".join(n for _s, n in sorted((s, n) for n, s in SIGNALS.items())) + "\n")
+            return 0
+        if args and args[0] == "-s" and len(args) > 1:
+            name = args[1].upper().removeprefix("SIG")
+            if name not in SIGNALS and not name.isdigit():
+                io.err(f"{self.err_prefix()}kill: invalid signal number or name: {args[1]}\n")
+                return 2
+            sig = int(name) if name.isdigit() else SIGNALS[name]
+            args = args[2:]
+        elif (args and args[0].startswith("-") and args[0] != "--" and not args[0][1:].isdigit()) or (
+                args and re.fullmatch(r"-\d+", args[0]) and len(args) > 1):
+            name = args[0][1:].upper().removeprefix("SIG")
+            if name.isdigit():
+                sig = int(name)
+            elif name in SIGNALS:
+                sig = SIGNALS[name]
+            else:
+                io.err(f"{self.err_prefix()}kill: invalid signal number or name: {args[0][1:]}\n")
+                return 2
+            args = args[1:]
+        if args and args[0] == "--":
+            args = args[1:]
+        if not args:
+            io.err(f"{self.err_prefix()}kill: Usage: kill [-s sigspec | -signum | -sigspec] [pid | job]... or\n"
+                   "kill -l [exitstatus]\n")
+            return 2
+        rc = 0
+        for a in args:
+            if not re.fullmatch(r"-?\d+", a):
+                io.err(f"{self.err_prefix()}kill: Illegal number: {a}\n")
+                rc = 2
+                continue
+            if not self.procs.signal(int(a), sig):
+                io.err(f"{self.err_prefix()}kill: No such process\n")
+                rc = 1
+        await asyncio.sleep(0)
+        return rc
+
+    async def b_echo(self, argv: list[str], io: IO) -> int:
+        args = argv[1:]
+        nl = True
+        if args and args[0] == "-n":
+            nl, args = False, args[1:]
+        text = " ".join(args)
+        if "\\" in text:  # dash's echo interprets escapes
+            cut = text.find("\\c")
+            if cut >= 0:
+                text, nl = text[:cut], False
+            text = _escapes(text)
+        io.out(text + ("\n" if nl else ""))
+        return 0
+
+    async def b_printf(self, argv: list[str], io: IO) -> int:
+        if len(argv) < 2:
+            io.err(f"{self.err_prefix()}printf: usage: printf format [arg ...]\n")
+            return 2
+        fmt, args = argv[1], argv[2:]
+        out: list[str] = []
+        while True:
+            text, used = _printf(fmt, args)
+            out.append(text)
+            args = args[used:]
+            if not args or used == 0:
+                break
+        io.out("".join(out))
+        return 0
+
+    async def b_test(self, argv: list[str], io: IO) -> int:
+        return self._test(argv[1:], io)
+
+    async def b_lbracket(self, argv: list[str], io: IO) -> int:
+        if argv[-1] != "]":
+            io.err(f"{self.err_prefix()}[: missing ]\n")
+            return 2
+        return self._test(argv[1:-1], io)
+
+    async def b_command(self, argv: list[str], io: IO) -> int:
+        if len(argv) >= 3 and argv[1] in ("-v", "-V"):
+            rc = 0
+            for a in argv[2:]:
+                path = self.which(a)  # type: ignore[attr-defined]
+                if path:
+                    io.out(path + "\n")
+                else:
+                    rc = 127 if argv[1] == "-V" else 1
+            return rc
+        if len(argv) < 2:
+            return 0
+        return await self.external(argv[1:], io)
+
+    async def b_type(self, argv: list[str], io: IO) -> int:
+        rc = 0
+        for a in argv[1:]:
+            path = self.which(a)  # type: ignore[attr-defined]
+            if path:
+                io.out(f"{a} is {path}\n")
+            else:
+                io.out(f"{a}: not found\n")
+                rc = 127
+        return rc
+
+    def _test(self, args: list[str], io: IO) -> int:
+        try:
+            return 0 if self._test_expr(args) else 1
+        except ValueError as exc:
+            io.err(f"{self.err_prefix()}{'test'}: {exc}\n")
+            return 2
+
+    def _test_expr(self, a: list[str]) -> bool:
+        if not a:
+            return False
+        if "-o" in a[1:-1]:
+            k = a.index("-o", 1)
+            return self._test_expr(a[:k]) or self._test_expr(a[k + 1:])
+        if "-a" in a[1:-1]:
+            k = a.index("-a", 1)
+            return self._test_expr(a[:k]) and self._test_expr(a[k + 1:])
+        if a[0] == "!" and len(a) > 1:
+            return not self._test_expr(a[1:])
+        if a[0] == "(" and a[-1] == ")":
+            return self._test_expr(a[1:-1])
+        if len(a) == 1:
+            return a[0] != ""
+        if len(a) == 2:
+            op, x = a
+            if op == "-n":
+                return x != ""
+            if op == "-z":
+                return x == ""
+            ent = self.fs.lookup(x, True, self.cwd) if op != "-L" and op != "-h" else self.fs.lookup(x, False, self.cwd)
+            if op == "-e" or op in ("-r", "-w"):
+                return ent is not None
+            if op == "-x":
+                return ent is not None and (ent.kind == "dir" or self.which(x) is not None)  # type: ignore[attr-defined]
+            if op == "-f":
+                return ent is not None and ent.kind == "file"
+            if op == "-d":
+                return ent is not None and ent.kind == "dir"
+            if op == "-s":
+                return (ent is not None and ent.kind != "dir" and ent.nbytes() > 0) or (
+                    ent is not None and ent.kind == "dir")
+            if op in ("-L", "-h"):
+                return ent is not None and ent.kind == "link"
+            if op == "-t":
+                return False
+            raise ValueError(f"{op}: unexpected operator")
+        if len(a) == 3:
+            x, op, y = a
+            if op == "=":
+                return x == y
+            if op == "!=":
+                return x != y
+            ints = {"-eq": int.__eq__, "-ne": int.__ne__, "-lt": int.__lt__, "-le": int.__le__,
+                    "-gt": int.__gt__, "-ge": int.__ge__}
+            if op in ints:
+                for v in (x, y):
+                    if not re.fullmatch(r"\s*-?\d+\s*", v):
+                        raise ValueError(f"Illegal number: {v}")
+                return bool(ints[op](int(x), int(y)))
+            raise ValueError(f"{op}: unexpected operator")
+        raise ValueError(f"{a[1]}: unexpected operator")
+
+
+def _escapes(s: str) -> str:
+    table = {"n": "\n", "t": "\t", "\\": "\\", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v", "e": "\x1b"}
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 1 < len(s):
+            c = s[i + 1]
+            if c in table:
+                out.append(table[c])
+                i += 2
+                continue
+            if c == "0":
+                m = re.match(r"0([0-7]{0,3})", s[i + 1:])
+                assert m
+                out.append(chr(int(m.group(1) or "0", 8)))
+                i += 1 + len(m.group(0))
+                continue
+        out.append(s[i])
+        i += 1
+    return "".join(out)
+
+
+def _printf(fmt: str, args: list[str]) -> tuple[str, int]:
+    out: list[str] = []
+    used = 0
+    i = 0
+    while i < len(fmt):
+        ch = fmt[i]
+        if ch == "\\":
+            j = i + 2
+            if fmt[i + 1:i + 2] == "0":
+                m = re.match(r"[0-7]{1,3}", fmt[i + 2:])
+                j = i + 2 + (len(m.group(0)) if m else 0)
+            out.append(_escapes(fmt[i:j]))
+            i = j
+            continue
+        if ch == "%":
+            m = re.match(r"%([-+ #0]*)(\d*)(?:\.(\d+))?([sdiuxXobcf%])", fmt[i:])
+            if not m:
+                out.append(ch)
+                i += 1
+                continue
+            conv = m.group(4)
+            if conv == "%":
+                out.append("%")
+            else:
+                arg = args[used] if used < len(args) else ""
+                used += 1
+                spec = "%" + m.group(1) + m.group(2) + (("." + m.group(3)) if m.group(3) else "")
+                if conv == "s":
+                    out.append((spec + "s") % arg)
+                elif conv == "b":
+                    out.append((spec + "s") % _escapes(arg))
+                elif conv == "c":
+                    out.append(arg[:1])
+                elif conv == "f":
+                    out.append((spec + "f") % float(arg or 0))
+                else:
+                    try:
+                        num = int(arg or "0", 0) if arg.startswith("0x") else int(arg or "0")
+                    except ValueError:
+                        num = 0
+                    out.append((spec + ("d" if conv in "iu" else conv)) % num)
+            i += len(m.group(0))
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out), used
