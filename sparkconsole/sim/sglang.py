@@ -28,8 +28,14 @@ MODULES = ("vllm", "transformers", "sglang", "torch")
 
 
 def engine_check(img: Image, program: str) -> str:
-    order = sorted((m.start(), m.group(2)) for m in re.finditer(r"\b(import|from)\s+(vllm|transformers|sglang|torch)\b",
-                                                                 program))
+    order: list[tuple[int, str]] = []
+    for m in re.finditer(r"\b(?:from\s+([\w.]+)\s+import|import\s+([\w., ]+))", program):
+        names = [m.group(1)] if m.group(1) else [n.strip().split(" ")[0] for n in m.group(2).split(",")]
+        for k, n in enumerate(names):
+            top = n.split(".")[0]
+            if top in MODULES:
+                order.append((m.start() + k, top))
+    order.sort()
     seen: list[str] = []
     for _pos, mod in order:
         if mod not in seen:

@@ -265,7 +265,7 @@ class Interp:
                     cmd = ao.first.cmds[0]
                     assert isinstance(cmd, Simple)
                     return await sub.simple(cmd, bg_io, reuse=p)
-                return await sub.and_or(ao, bg_io)
+                return await sub.and_or(ao, bg_io, exec_last=p)
             except ShellExit as e:
                 return e.code
 
@@ -274,12 +274,20 @@ class Interp:
         self.last_bg = p.pid
         return p
 
-    async def and_or(self, ao: AndOr, io: IO) -> int:
-        rc = await self.pipeline(ao.first, io)
+    async def and_or(self, ao: AndOr, io: IO, exec_last: Process | None = None) -> int:
+        """``exec_last``: a subshell's process; its last simple command runs in it (dash execs the
+        last command of a subshell, so ``a && b &`` gives ``$!`` = ``b``'s pid)."""
+        async def step(pl: Pipeline, last: bool) -> int:
+            if last and exec_last is not None and len(pl.cmds) == 1 and not pl.bang and isinstance(
+                    pl.cmds[0], Simple):
+                return await self.simple(pl.cmds[0], io, reuse=exec_last)
+            return await self.pipeline(pl, io)
+
+        rc = await step(ao.first, not ao.rest)
         self.last_rc = rc
-        for op, pl in ao.rest:
+        for k, (op, pl) in enumerate(ao.rest):
             if (op == "&&" and rc == 0) or (op == "||" and rc != 0):
-                rc = await self.pipeline(pl, io)
+                rc = await step(pl, k == len(ao.rest) - 1)
                 self.last_rc = rc
         return rc
 
@@ -486,6 +494,8 @@ class Interp:
         p = io.proc
         while argv:
             name = argv[0]
+            if p is not None:
+                p.argv = list(argv)  # what ps shows after each exec
             if name in ("nohup",):
                 if p is not None:
                     p.nohup = True

@@ -336,6 +336,13 @@ class Parser:
             raise self.unexpected()
         return body
 
+    def body(self, stop: set[str]) -> ListNode:
+        """A compound command's list: dash refuses an empty one (``if then`` -> ``"then" unexpected``)."""
+        out = self.list_(stop)
+        if not out.items:
+            raise self.unexpected()
+        return out
+
     def list_(self, stop: set[str]) -> ListNode:
         out = ListNode()
         while True:
@@ -453,29 +460,29 @@ class Parser:
     def if_(self) -> If:
         self.expect_word("if")
         clauses = []
-        cond = self.list_({"then"})
+        cond = self.body({"then"})
         self.expect_word("then")
-        body = self.list_({"elif", "else", "fi"})
+        body = self.body({"elif", "else", "fi"})
         clauses.append((cond, body))
         else_ = None
         while True:
             if self.is_word("elif"):
                 self.next()
-                cond = self.list_({"then"})
+                cond = self.body({"then"})
                 self.expect_word("then")
-                clauses.append((cond, self.list_({"elif", "else", "fi"})))
+                clauses.append((cond, self.body({"elif", "else", "fi"})))
             elif self.is_word("else"):
                 self.next()
-                else_ = self.list_({"fi"})
+                else_ = self.body({"fi"})
             else:
                 self.expect_word("fi")
                 return If(clauses, else_)
 
     def loop(self) -> Loop:
         until = self.next().value == "until"
-        cond = self.list_({"do"})
+        cond = self.body({"do"})
         self.expect_word("do")
-        body = self.list_({"done"})
+        body = self.body({"done"})
         self.expect_word("done")
         return Loop(cond, body, until)
 
@@ -495,7 +502,7 @@ class Parser:
             self.next()
         self.skip_nl()
         self.expect_word("do")
-        body = self.list_({"done"})
+        body = self.body({"done"})
         self.expect_word("done")
         return For(t.value, words, body)
 
