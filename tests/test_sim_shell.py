@@ -437,3 +437,29 @@ async def test_a_lost_node_stops_its_processes():
         demo.sim.mark_lost(WORKER)
         await asyncio.sleep(0.01)
         assert not table.procs
+
+
+def test_sixty_four_nodes_have_their_own_names_addresses_and_macs():
+    from sparkconsole.sim import build
+
+    c = build(nodes=64, clock=SimClock.frozen())
+    names = list(c.nodes)
+    assert len(set(names)) == 64 and all(re.fullmatch(r"spark-[0-9a-f]{4}", n) for n in names)
+    ips = [n.fast_ip for n in c.nodes.values()]
+    assert len(set(ips)) == 64 and ips[0] == HEAD_IP and ips[-1] == "192.168.200.75"
+    macs = [i.mac for n in c.nodes.values() for i in n.ifaces if i.kind != "loopback"]
+    assert len(set(macs)) == len(macs) and all(re.fullmatch(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", m) for m in macs)
+    assert [n.role for n in c.nodes.values()].count("head") == 1
+
+
+async def test_the_demo_inventory_is_a_config_the_console_loads(tmp_path):
+    from sparkconsole.config import load_config
+
+    async with start_demo_cluster(nodes=3, clock=SimClock.frozen()) as demo:
+        path = demo.write_inventory(tmp_path / "cluster.toml")
+        cfg = load_config(path)
+        assert [n.name for n in cfg.nodes] == [n.name for n in demo.config.nodes]
+        assert [(n.port, n.role, n.identity, n.known_hosts) for n in cfg.nodes] == [
+            (n.port, n.role, n.identity, n.known_hosts) for n in demo.config.nodes]
+        async with _connect(cfg.node(WORKER)) as c:  # the file is enough to reach a node
+            assert (await c.run("hostname", check=False)).stdout == WORKER + "\n"

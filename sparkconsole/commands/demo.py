@@ -6,7 +6,13 @@
   its own event loop); if the UI cannot be imported, a plain live view prints one line per node
   every second until Ctrl-C;
 * ``--serve``: keeps only the cluster running and prints how to reach each node with plain
-  OpenSSH (``ssh -i KEY -p PORT -o UserKnownHostsFile=FILE root@127.0.0.1``), until Ctrl-C.
+  OpenSSH (``ssh -i KEY -p PORT -o UserKnownHostsFile=FILE root@127.0.0.1``), until Ctrl-C; it
+  also writes an inventory file for the running cluster (``--inventory FILE``, default
+  ``cluster.toml`` in the demo's directory) and prints ``sparkconsole --config FILE`` and
+  ``sparkconsole deploy --config FILE``, so a second process can drive the same cluster.
+
+``--nodes`` goes up to 64: nodes beyond the second are workers with their own names and
+fast-link addresses (``192.168.200.12`` upwards).
 
 Scenarios: see :mod:`sparkconsole.sim.scenarios`; the supported deploy commands: see
 :mod:`sparkconsole.sim.shell`.
@@ -21,6 +27,8 @@ import dataclasses
 import sys
 
 from sparkconsole.errors import UserError
+
+MAX_NODES = 64
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
@@ -38,12 +46,14 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
                    help="simulated seconds per real second (default 1)")
     p.add_argument("--serve", action="store_true", help="only run the cluster and print ssh commands")
     p.add_argument("--read-only", action="store_true", help="the console refuses every change")
+    p.add_argument("--inventory", metavar="FILE", default=None,
+                   help="with --serve: where to write the cluster's config file (default: in the demo's directory)")
     p.set_defaults(func=run)
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not 1 <= args.nodes <= 16:
-        raise UserError("--nodes must be between 1 and 16", exit_code=2)
+    if not 1 <= args.nodes <= MAX_NODES:
+        raise UserError(f"--nodes must be between 1 and {MAX_NODES}", exit_code=2)
     if not 0 < args.speed <= 1000:
         raise UserError("--speed must be > 0 and at most 1000", exit_code=2)
 
@@ -79,7 +89,11 @@ async def _serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -
               "Reach each node with OpenSSH:")
         for line in demo.ssh_commands():
             print("  " + line)
+        inv = demo.write_inventory(getattr(args, "inventory", None))
         print(f"Files: {demo.workdir}  (client key, known_hosts)")
+        print(f"Inventory: {inv}")
+        print(f"  sparkconsole --config {inv}")
+        print(f"  sparkconsole deploy --config {inv}")
         print("Try: ... root@127.0.0.1 nvidia-smi | ibdev2netdev | docker ps | free -h. Ctrl-C stops the cluster.")
         sys.stdout.flush()
         if ready is not None:

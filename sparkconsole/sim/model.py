@@ -559,7 +559,7 @@ def make_node(index: int, name: str, internet: bool, port1_up: bool = True) -> S
     host = 12 + index
     fast_ip, fast_ip2 = f"192.168.200.{host}", f"192.168.201.{host}"
     lan_ip = f"10.42.0.{41 + index}"
-    mb = f"4c:bb:47:2f:{0x91 + 0x10 * index:02x}"
+    mb = f"4c:bb:47:{0x2f + index // 7:02x}:{(0x91 + 0x10 * index) % 256:02x}"
     m = _macs(mb + ":11", 7)
     ifaces = (
         Iface("lo", 1, "00:00:00:00:00:00", 65536, "loopback", ("127.0.0.1/8",)),
@@ -583,9 +583,15 @@ DEFAULT_NAMES = ("spark-1a32", "spark-5be3")
 
 
 def node_names(n: int) -> list[str]:
+    """``spark-XXXX`` as DGX OS names a Spark (the last hex digits of its serial), unique."""
     names = list(DEFAULT_NAMES[:n])
-    for i in range(len(names), n):
-        names.append(f"spark-{stable_hex(4, 'node', i)}")
+    salt = 0
+    while len(names) < n:
+        name = f"spark-{stable_hex(4, 'node', len(names), salt)}"
+        if name in names:
+            salt += 1
+            continue
+        names.append(name)
     return names
 
 

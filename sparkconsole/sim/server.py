@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import AsyncIterator
@@ -258,6 +259,30 @@ class DemoCluster:
         for name, srv in self.servers.items():
             out.append(f"{name}: ssh -i {self.key_path} -p {srv.port} -o UserKnownHostsFile={self.known_hosts_path} "
                        f"-o IdentitiesOnly=yes {DEMO_USER}@127.0.0.1")
+        return out
+
+    def inventory_toml(self) -> str:
+        """The cluster as a config file (the format :func:`sparkconsole.config.parse_config` reads),
+        so a second process (``sparkconsole --config FILE``, ``sparkconsole deploy --config FILE``)
+        can drive this running cluster."""
+        q = json.dumps  # a JSON string is a valid TOML basic string
+        c = self.config
+        lines = ["# the simulated cluster started by `sparkconsole demo --serve` (valid while it runs)",
+                 "[cluster]", f"name = {q(c.name)}", f"read_only = {'true' if c.read_only else 'false'}",
+                 f"services = [{', '.join(q(s) for s in c.services)}]", ""]
+        for n in c.nodes:
+            lines += ["[[nodes]]", f"name = {q(n.name)}", f"host = {q(n.host)}", f"user = {q(n.user or DEMO_USER)}",
+                      f"port = {n.port}", f"role = {q(n.role)}"]
+            for key in ("fast_link", "known_hosts", "identity"):
+                val = getattr(n, key)
+                if val:
+                    lines.append(f"{key} = {q(val)}")
+            lines.append("")
+        return "\n".join(lines)
+
+    def write_inventory(self, path: str | os.PathLike[str] | None = None) -> Path:
+        out = Path(path) if path is not None else self.workdir / "cluster.toml"
+        out.write_text(self.inventory_toml())
         return out
 
     async def lose(self, node: str) -> None:
