@@ -96,8 +96,8 @@ class Printer:
         if kind == "command":
             if e.rc is None:
                 return f"    {e.node} $ {_one_line(e.command)}"
-            if not e.mutating and e.rc == 0:
-                return None
+            if not e.mutating and (e.rc == 0 or not self.verbose):
+                return None  # a read that answers no is an answer (the step says what it means)
             out = f"    {e.node}   → exit {e.rc}" + (f" ({e.duration_s:.1f} s)" if e.duration_s else "")
             if e.rc != 0 and e.output:
                 out += "\n" + "\n".join("      " + ln for ln in e.output.splitlines())

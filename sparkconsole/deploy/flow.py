@@ -14,7 +14,9 @@ Qwen/Qwen3.5-122B-A10B-FP8).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -250,7 +252,16 @@ class Plan(Step):
         facts = f.facts
         n_nodes = len(self.r.nodes)
         node_gib = min(_cuda_total(x) for x in facts.values()) / GIB
-        base = PlanOptions(node_memory_gib=node_gib, max_model_len=f.o.max_model_len)
+        # gmu as memory will be once free-memory has run: at most what stopping every running service
+        # frees on the tightest node (vLLM checks free >= gmu x total at start), at most 0.85 (GB10 practice)
+        best = min((x.mem_available or 0) + sum(freeing.container_bytes(x).values()) for x in facts.values())
+        room = math.floor(100 * (best - LAUNCH_MARGIN) / (node_gib * GIB)) / 100
+        gmu = float(f.get("gmu_override") or min(0.85, max(0.5, room)))
+        if gmu < 0.85 and not f.get("gmu_override"):
+            self.r.note(f"--gpu-memory-utilization {gmu}: even with every service stopped the tightest node has "
+                        f"{best / GIB:.1f} GiB free")
+        mml_ask = f.get("max_model_len_override") or f.o.max_model_len
+        base = PlanOptions(node_memory_gib=node_gib, max_model_len=mml_ask, gpu_memory_utilization=gmu)
         tps = (1, f.o.tp) if f.o.tp and f.o.tp > 1 else (1, *[t for t in (2, 4, 8, 16, 32) if t <= n_nodes])
         rows = {row["tp"]: row for row in compare_tp(f.spec, base, tps=tuple(dict.fromkeys(tps)))}
         multi = [t for t in rows if t > 1 and not rows[t].get("error")]
@@ -259,6 +270,10 @@ class Plan(Step):
         for tp, row in rows.items():
             if row.get("error"):
                 measured.append(f"TP={tp}: {row['error']}")
+                continue
+            if row["kv_cache_gib_per_node"] <= 0:
+                measured.append(f"TP={tp}: {row['weights_gib_per_node']:.1f} GiB weights per node: more than the "
+                                f"node's budget ({gmu} of {node_gib:.2f} GiB): does not fit")
                 continue
             measured.append(f"TP={tp}: {row['weights_gib_per_node']:.1f} GiB weights per node, "
                             f"{row['kv_cache_gib_per_node']:.1f} GiB KV, {row['max_concurrency']:.1f}x "
@@ -272,8 +287,7 @@ class Plan(Step):
             why = (f"{row['weights_gib_per_node']:.1f} GiB weights per node; "
                    + ("fits" if row["fits"] else "out of memory on loading (the single-node OOM risk)"))
             options.append(Option(f"tp{tp}", label, why))
-        fp8 = compare_tp(f.spec, PlanOptions(node_memory_gib=node_gib, max_model_len=f.o.max_model_len,
-                                             kv_cache_dtype="fp8"), tps=(tp_n,))[0]
+        fp8 = compare_tp(f.spec, dataclasses.replace(base, kv_cache_dtype="fp8"), tps=(tp_n,))[0]
         if not fp8.get("error") and tp_n > 1:
             options.append(Option(f"tp{tp_n}-fp8kv", f"TP={tp_n} with fp8 KV cache",
                                   f"{fp8['max_concurrency']:.1f}x concurrency (twice the tokens, slightly lower quality)"))
@@ -292,14 +306,12 @@ class Plan(Step):
                              "run `sparkconsole deploy --model <the 4-bit repo> --tp 1` (e.g. an NVFP4 build)")
         tp = int(re.match(r"tp(\d+)", answer).group(1))  # type: ignore[union-attr]
         kv = "fp8" if answer.endswith("fp8kv") else "auto"
-        chosen = compare_tp(f.spec, PlanOptions(node_memory_gib=node_gib, max_model_len=f.o.max_model_len,
-                                                kv_cache_dtype=kv), tps=(tp,))[0]
+        chosen = compare_tp(f.spec, dataclasses.replace(base, kv_cache_dtype=kv), tps=(tp,))[0]
         f.put("tp", tp)
         f.put("kv_cache_dtype", kv)
-        mml = int(f.get("max_model_len_override") or chosen["max_model_len"])
+        mml = int(chosen["max_model_len"])
         f.put("max_model_len", mml)
-        # the memory each node must have free at launch, and gmu as free memory will allow
-        gmu = float(f.get("gmu_override") or 0.85)
+        # the memory each node must have free at launch
         f.put("gmu", gmu)
         need = {n: int(gmu * _cuda_total(facts[n]) + LAUNCH_MARGIN) for n in f.nodes}
         f.put("need", need)
@@ -965,7 +977,7 @@ class Serve(Step):
                     tracker.feed(line)
                     if line.strip():
                         self.r.emit_output(f.head, line)
-            rep = tracker.report()
+            rep = tracker.report
             if rep.shards_total:
                 self.r.progress(f.head, "weights", rep.shard_fraction,
                                 f"{rep.shards_done}/{rep.shards_total} shards")
@@ -1082,8 +1094,10 @@ class Verify(Step):
         reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
         self.r.note(f"chat: {answer[:80]!r}; reasoning returned apart ({len(reasoning)} chars); "
                     f"{tokens} tokens" + (f", {tps:.1f} tok/s" if tps else ""))
-        head_host = self.r.head.host
-        self.r.state.endpoint = f"http://{head_host}:{f.o.port}/v1"
+        head = self.r.head
+        self.r.state.endpoint = f"http://{head.host}:{f.o.port}/v1"
+        self.r.note(f"endpoint {self.r.state.endpoint} (listening on {head.name}, all interfaces; from a laptop "
+                    f"without a route to it: ssh -L {f.o.port}:localhost:{f.o.port} {head.host})")
         self.r.state.result = "served"
         self.r.save()
 

@@ -61,6 +61,6 @@ def choose(f: NodeFacts, need: int, keep: frozenset[str] = frozenset()) -> Choic
     for k in range(1, len(names) + 1):
         fits = [c for c in itertools.combinations(names, k) if avail + sum(held[n] for n in c) >= need]
         if fits:
-            best = min(fits, key=lambda c: (sum(held[n] for n in c), sum(cpu.get(n, 0.0) for n in c), c))
+            best = min(fits, key=lambda c: (round(sum(held[n] for n in c) / GIB), sum(cpu.get(n, 0.0) for n in c), c))
             return Choice(f.node, need, avail, best, sum(held[n] for n in best), True)
     return Choice(f.node, need, avail, tuple(names), sum(held.values()), False)
