@@ -125,6 +125,11 @@ TABLE: list[tuple[str, str, int, Check]] = [
      lambda o, e: o == "vllm 0.14.1\narch Qwen3_5MoeForConditionalGeneration no\n"),
     (HEAD, "docker run --rm --entrypoint python3 lmsysorg/sglang:v0.5.9-cu130 -c 'import sglang, vllm'", 0,
      lambda o, e: o == "sglang 0.5.9\nvllm -\n"),
+    (HEAD, "docker run --rm --entrypoint python3 lmsysorg/sglang:v0.5.9-cu130 -c 'import importlib\n"
+           "for m in (\"vllm\", \"transformers\", \"torch\", \"sglang\"): print(m)\n"
+           "for a in (\"Qwen3_5MoeForConditionalGeneration\",): print(a)'", 0,
+     lambda o, e: o == "vllm -\ntransformers 4.57.1\ntorch 2.9.1\nsglang 0.5.9\n"
+                       "arch Qwen3_5MoeForConditionalGeneration -\n"),
     (HEAD, "sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'", 0, lambda o, e: o == e == ""),
     (HEAD, "sudo -n systemctl stop ollama", 0, lambda o, e: o == e == ""),
     (HEAD, "curl -sf http://127.0.0.1:8000/health", 0, lambda o, e: o == ""),

@@ -282,6 +282,11 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
         f"NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  {DRIVER}  Release Build  "
         "(dvs-builder@U22-I3-AE18-23-3)  Wed Jan  7 22:08:01 UTC 2026\nGCC version:  gcc version 13.3.0 "
         "(Ubuntu 13.3.0-6ubuntu2~24.04) \n")
+    # /proc/PID/cgroup of each GPU process: cgroup v2's one line naming its container's scope
+    for holder, _b in c.memory(node, t).gpu_holders:
+        ct = c.container(node, holder.container.split("#")[0]) if holder.container else None  # exec: its container
+        scope = f"system.slice/docker-{ct.id}.scope" if ct is not None else "user.slice/user-0.slice/session-3.scope"
+        files[f"/proc/{holder.pid}/cgroup"] = f"0::/{scope}\n"
     files.update(n.files)
     return files
 

@@ -5,7 +5,7 @@
   about architectures. The sim cannot run Python, so it reads the module names (in the order the
   program imports them) and the architecture names (``...For...`` identifiers) from the program
   text and answers from the image catalogue: ``vllm 0.17.0``, ``sglang -`` when not importable,
-  ``arch NAME yes|no``.
+  ``arch NAME yes|no`` (``-`` in an image without vLLM, whose registry cannot be imported).
 * :func:`sglang_launch`: ``python3 -m sglang.launch_server --model-path X --tp 2 --nnodes 2
   --node-rank R --dist-init-addr IP:PORT``. Across nodes the ranks meet at the rendezvous address,
   both log ``CustomAllreduce is disabled because this process group spans across nodes.`` and
@@ -35,6 +35,8 @@ def engine_check(img: Image, program: str) -> str:
             top = n.split(".")[0]
             if top in MODULES:
                 order.append((m.start() + k, top))
+    for m in re.finditer(r"""['"](vllm|transformers|sglang|torch)['"]""", program):  # importlib.import_module(m)
+        order.append((m.start(), m.group(1)))
     order.sort()
     seen: list[str] = []
     for _pos, mod in order:
@@ -48,8 +50,8 @@ def engine_check(img: Image, program: str) -> str:
                            r"MaskedLM|Embedding))\b", program):
         if name not in archs:
             archs.append(name)
-    known = image_archs(img)
-    lines += [f"arch {a} {'yes' if a in known else 'no'}" for a in archs]
+    known = image_archs(img) if img.vllm_version else None  # no vLLM: its ModelRegistry cannot be imported
+    lines += [f"arch {a} {'-' if known is None else 'yes' if a in known else 'no'}" for a in archs]
     return "".join(ln + "\n" for ln in lines)
 
 

@@ -760,7 +760,7 @@ class DockerTools:
             await self.clock.sleep(3.0)
             io.err(f"ssh: connect to host {(host or '').split('@')[-1]} port 22: No route to host\r\n")
             return 255
-        if self.peel(cmd)[:2] != ["docker", "load"]:
+        if self.peel(self.tokenize(" ".join(cmd)))[:2] != ["docker", "load"]:  # ssh joins, the far shell splits
             io.err("sparksim: only `docker save IMAGE | ssh HOST docker load` is modelled\n")
             return 2
         tr = Transfer("image", ref, self.node_name, dst.name, self.now(), img.size_bytes, IMAGE_COPY_BPS)
