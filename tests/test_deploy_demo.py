@@ -1,0 +1,211 @@
+"""The whole deployment on the demo cluster, as an operator runs it: ``sparkconsole demo --serve`` in
+one process (the cluster, reached over real SSH), ``sparkconsole deploy --config FILE`` in another,
+read back through its ``--json`` event lines, its journal and its state file.
+
+The demo's clock runs fast (``--speed``), which the deploy's settings follow; every number the flow
+decides on comes from the simulated nodes through the same parsers the console uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEED = "100"
+pytestmark = pytest.mark.timeout(400)
+
+
+def _env(state: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SPARKCONSOLE_STATE_DIR"] = str(state)
+    env.pop("SPARKCONSOLE_CONFIG", None)
+    return env
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sparkconsole.cli", *args]
+
+
+def _reader(stream) -> queue.Queue[str | None]:
+    q: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            q.put(line)
+        q.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+@contextmanager
+def demo_cluster(tmp_path: Path, scenario: str = "story") -> Iterator[dict[str, str]]:
+    """``demo --serve`` running; yields the inventory path and each node's printed ssh command."""
+    proc = subprocess.Popen(_cli("demo", "--serve", "--scenario", scenario, "--speed", SPEED), cwd=ROOT,
+                            env=_env(tmp_path / "demo-state"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = _reader(proc.stdout)
+        found: dict[str, str] = {}
+        deadline = time.monotonic() + 30
+        while "config" not in found or len([k for k in found if k.startswith("spark-")]) < 2:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, proc.stderr.read() if proc.stderr else "demo --serve ended"
+            m = re.search(r"deploy --config (\S+)", line)
+            if m:
+                found["config"] = m.group(1)
+            m = re.match(r"^\s*(spark-[0-9a-z]+): (ssh .*)$", line)
+            if m:
+                found[m.group(1)] = m.group(2)
+        yield found
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def deploy(state: Path, *args: str, timeout: float = 300) -> tuple[int, list[dict], str]:
+    r = subprocess.run(_cli("deploy", *args, "--json"), cwd=ROOT, env=_env(state), stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=timeout)
+    events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    return r.returncode, events, r.stderr
+
+
+def ssh(cmdline: str, remote: str) -> str:
+    return subprocess.run([*cmdline.split(), remote], capture_output=True, text=True, timeout=30).stdout
+
+
+def steps(events: list[dict]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for e in events:
+        if e["event"] == "step":
+            out[e["step"]] = e["state"]
+    return out
+
+
+def decisions(events: list[dict]) -> dict[str, dict]:
+    return {e["id"]: e for e in events if e["event"] == "decision"}
+
+
+def test_story_by_auto_meets_the_decisions_and_serves(tmp_path):
+    state = tmp_path / "state"
+    with demo_cluster(tmp_path) as demo:
+        token = ssh(demo["spark-1a32"], "cat /root/.cache/huggingface/token").strip()
+        assert token.startswith("hf_")
+        rc, events, err = deploy(state, "--config", demo["config"], "--auto")
+    assert rc == 0, (err, events[-3:])
+    result = events[-1]
+    assert result["event"] == "result" and result["ok"] and result["endpoint"].endswith(":8000/v1")
+    assert set(steps(events).values()) <= {"done", "skipped"} and len(steps(events)) == 11
+    d = decisions(events)
+    assert d["plan.layout"]["answer"] == d["plan.layout"]["recommended"] == "tp2"
+    assert any("TP=1" in m and "does not fit" in m for m in d["plan.layout"]["measured"])
+    assert d["engine.image"]["answer"] == "vllm/vllm-openai:v0.17.0"
+    assert any("v0.14.1" in m and "NOT registered" in m for m in d["engine.image"]["measured"])
+    stops = set(d["free-memory.stop"]["answer"].split(","))
+    assert stops == {"spark-1a32:vllm-glm", "spark-1a32:reranker"}  # the embeddings keep serving
+    # every command that changed a node was shown before it ran, and journaled under its step
+    changed = [e for e in events if e["event"] == "command" and e["mutating"] and e["rc"] is not None]
+    shown = [e for e in events if e["event"] == "command" and e["mutating"] and e["rc"] is None]
+    assert len(shown) == len(changed) > 10
+    journal = [json.loads(x) for x in (state / "journal.jsonl").read_text().splitlines()]
+    assert {j["step"] for j in journal} >= {"weights", "images", "free-memory", "caches", "cluster", "serve"}
+    assert len({j["deployment"] for j in journal}) == 1
+    assert sum("hf download" in j["command"] for j in journal) == 1
+    # the token never left the node
+    for text in [json.dumps(events), (state / "journal.jsonl").read_text(),
+                 *(p.read_text() for p in (state / "deployments").glob("*.json"))]:
+        assert token not in text
+
+
+def test_plan_only_prints_every_step_and_each_nodes_environment_and_changes_nothing(tmp_path):
+    state = tmp_path / "state"
+    with demo_cluster(tmp_path) as demo:
+        rc, events, err = deploy(state, "--config", demo["config"], "--plan-only")
+    assert rc == 0, err
+    planned = [e for e in events if e["event"] == "planned"]
+    text = "\n".join(f"{e['node']} {e['command']}" for e in planned)
+    assert "spark-1a32 " in text and "hf download Qwen/Qwen3.5-122B-A10B-FP8" in text
+    assert re.search(r"rsync -a --partial -L --exclude blobs/ .* root@192\.168\.200\.13:", text)
+    assert "docker save vllm/vllm-openai:v0.17.0 | ssh" in text
+    heads = [e["command"] for e in planned if e["step"] == "cluster"]
+    assert len(heads) == 2 and "--head" in heads[0] and "--address=192.168.200.12:6379" in heads[1]
+    assert "-e VLLM_HOST_IP=192.168.200.12" in heads[0] and "-e VLLM_HOST_IP=192.168.200.13" in heads[1]
+    assert all("NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in h and "NCCL_IB_GID_INDEX=" in h for h in heads)
+    assert not [e for e in events if e["event"] == "command" and e["mutating"]]
+    assert not (state / "journal.jsonl").exists()
+
+
+@pytest.mark.parametrize("scenario,step,words", [
+    ("link-down", "network", "same port"),
+    ("node-lost", "recon", "spark-5be3 cannot be reached"),
+])
+def test_a_broken_cluster_stops_at_the_step_that_sees_it_with_the_fix(tmp_path, scenario, step, words):
+    with demo_cluster(tmp_path, scenario) as demo:
+        if scenario == "node-lost":
+            time.sleep(0.5)  # lost 20 simulated seconds in
+        rc, events, err = deploy(tmp_path / "state", "--config", demo["config"], "--auto")
+    assert rc == 1, err
+    assert steps(events)[step] == "failed"
+    assert words in events[-1]["message"] and "fix:" in events[-1]["message"]
+
+
+def test_old_image_pulls_the_known_good_one_and_serves(tmp_path):
+    with demo_cluster(tmp_path, "old-image") as demo:
+        rc, events, err = deploy(tmp_path / "state", "--config", demo["config"], "--auto")
+    assert rc == 0, (err, events[-3:])
+    d = decisions(events)["engine.image"]
+    assert d["answer"] == "vllm/vllm-openai:v0.17.0" and "no image on the nodes knows" in d["why"]
+    assert any(e["event"] == "command" and e["command"].startswith("docker pull vllm/vllm-openai:v0.17.0")
+               for e in events)
+
+
+def test_killed_during_the_copy_resumes_without_downloading_again(tmp_path):
+    state = tmp_path / "state"
+    with demo_cluster(tmp_path) as demo:
+        proc = subprocess.Popen(_cli("deploy", "--config", demo["config"], "--auto", "--json"), cwd=ROOT,
+                                env=_env(state), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        first: list[dict] = []
+        lines = _reader(proc.stdout)
+        try:
+            while True:
+                line = lines.get(timeout=120)
+                assert line is not None, first[-3:]
+                e = json.loads(line)
+                first.append(e)
+                if e["event"] == "progress" and e["label"] == "copy":
+                    proc.send_signal(signal.SIGKILL)
+                    break
+        finally:
+            proc.wait(timeout=10)
+        rc, events, err = deploy(state, "--config", demo["config"], "--resume", "--auto")
+    assert rc == 0, (err, events[-3:])
+    everything = first + events
+    downloads = [e for e in everything if e["event"] == "command" and e["rc"] is None and "hf download" in e["command"]]
+    assert len(downloads) == 1  # started once, re-attached after the kill
+    assert steps(events)["recon"] == "done"
+    assert any(e["event"] == "note" and "re-attached" in e["text"] for e in events)
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    for args in (["--model", "x;rm -rf /"], ["--answer", "novalue"], ["--tp", "0"], ["--resume", "nosuch"]):
+        r = subprocess.run(_cli("deploy", "--demo", *args), cwd=ROOT, env=_env(tmp_path / "s"), capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
