@@ -382,7 +382,9 @@ def image_copy(image: str, user_host: str) -> RemoteScript:
 
 def python_in_image(image: str, program: str) -> RemoteCommand:
     """Run the image's own Python once (``--rm``): what its vLLM knows, before 119 GB move."""
-    return command("docker", "run", "--rm", "--entrypoint", "python3", validate_image(image), "-c", program)
+    img = validate_image(image)
+    return command("docker", "run", "--rm", "--entrypoint", "python3", img, "-c", program,
+                   summary=f"ask {img}'s own Python which engine versions and architectures it has")
 
 
 def ping_df(ip: str, payload: int, count: int = 3) -> RemoteCommand:

@@ -236,3 +236,12 @@ def test_container_commands_keep_values_as_single_arguments():
     assert argv[:5] == ["docker", "exec", "-d", "c", "sh"] and argv[5] == "-c"
     assert shlex.split(argv[6])[:5] == ["exec", "vllm", "serve", "Q/M", "--served-model-name"]
     assert shlex.split(argv[6])[5] == "a'b"
+
+
+def test_latest_for_a_cluster(tmp_path):
+    store = StateStore(tmp_path)
+    a = DeploymentState.new("Q/M", {}, "sparks")
+    b = DeploymentState.new("Q/M", {}, "other")
+    store.save(a)
+    store.save(b)
+    assert store.latest_for("sparks").id == a.id and store.latest_for("none") is None

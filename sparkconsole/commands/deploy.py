@@ -105,6 +105,8 @@ class Printer:
                 out = f"    {e.node} $ {_one_line(e.command)}\n" + out
             return out
         if kind == "decision":
+            if e.answer is None:
+                return None  # asked: printed once answered, with the answer
             lines = [f"  ? {e.id}: {e.title}"]
             lines += [f"      {m}" for m in e.measured if m]
             lines += [f"      - {o['value']}: {o['label']}" + (" (experimental)" if o.get("experimental") else "")

@@ -90,6 +90,11 @@ class Runner:
     read_only: bool = False
     plan_only: bool = False
     step: str = ""  # the step running now (commands are journaled under it)
+    cancelled: bool = False  # the operator asked to stop: no further change is sent
+
+    def cancel(self) -> None:
+        """Stop before the next change (what runs detached on the nodes keeps running; --resume)."""
+        self.cancelled = True
 
     # ---- nodes ------------------------------------------------------------------------------
     @property
@@ -151,6 +156,8 @@ class Runner:
         if key is not None and key in self.state.done_commands:
             self.emit(CommandEvent(self.step, node, text, 0, cmd.summary + " (done before, not repeated)", True))
             return CommandResult(text, 0, "", "", 0.0)
+        if self.cancelled:
+            raise StepFailed("stopped by the operator", "resume when ready (what ran detached keeps running)")
         if self.read_only:
             raise ReadOnlyError(f"read-only: {cmd.summary or text} on {node} refused")
         self.emit(CommandEvent(self.step, node, text, None, cmd.summary, True))
@@ -173,16 +180,17 @@ class Runner:
     # ---- decisions --------------------------------------------------------------------------
     async def decide(self, d: Decision) -> str:
         """The answer to ``d``: kept from an earlier run of this deployment, else asked."""
+        options = [{"value": o.value, "label": o.label, "why": o.why,
+                    **({"experimental": "yes"} if o.experimental else {})} for o in d.options]
         if d.id in self.state.answers and (d.option(self.state.answers[d.id]) or d.free_text):
             answer, by = self.state.answers[d.id], "earlier"
         else:
+            # asked: the same event without an answer, so a screen can show the question is open
+            self.emit(DecisionEvent(d.id, d.title, d.recommended, None, d.why, list(d.measured), options, ""))
             answer, by = await self.answer(d)
             self.state.answers[d.id] = answer
             self.save()
-        self.emit(DecisionEvent(d.id, d.title, d.recommended, answer, d.why, list(d.measured),
-                                [{"value": o.value, "label": o.label, "why": o.why,
-                                  **({"experimental": "yes"} if o.experimental else {})} for o in d.options],
-                                by))
+        self.emit(DecisionEvent(d.id, d.title, d.recommended, answer, d.why, list(d.measured), options, by))
         return answer
 
     def forget(self, *decision_ids: str) -> None:
@@ -212,6 +220,9 @@ class Runner:
         """Poll the job until it ends; its exit code. A job that neither runs nor left an exit code
         was killed (the node rebooted, someone killed it): -1."""
         while True:
+            if self.cancelled:
+                raise StepFailed("stopped by the operator", f"the job keeps running on {job.node}; --resume "
+                                 "re-attaches to it")
             res = await self.read(job.node, job_check(JobFiles(job.log, job.rc), job.pid), quiet=True)
             if res.exit_status is None:
                 await asyncio.sleep(self.settings.poll_s)

@@ -146,6 +146,18 @@ class StateStore:
         (self.root / "latest").write_text(st.id + "\n")
         return target
 
+    def latest_for(self, cluster: str) -> DeploymentState | None:
+        """The newest saved deployment on ``cluster`` (by name), or None."""
+        best: DeploymentState | None = None
+        for path in self.root.glob("*.json"):
+            try:
+                st = DeploymentState.from_json(json.loads(path.read_text()))
+            except (OSError, ValueError, UserError):
+                continue
+            if st.cluster == cluster and (best is None or st.id > best.id):
+                best = st
+        return best
+
     def load(self, ident: str | None = None) -> DeploymentState:
         """A saved deployment; ``None``: the latest one."""
         if ident is None:

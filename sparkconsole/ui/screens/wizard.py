@@ -163,7 +163,11 @@ class WizardRun:
             self.view(e.step).notes.append(e)
         elif isinstance(e, DecisionEvent):
             step = e.id.split(".", 1)[0]
-            self.view(step if step in self.steps else self.current or step).decisions.append(e)
+            v = self.view(step if step in self.steps else self.current or step)
+            if e.answer is None:
+                v.state = "waiting"  # asked: the answer comes in a second event with the same id
+                return
+            v.decisions = [d for d in v.decisions if d.id != e.id] + [e]
         elif isinstance(e, ProgressEvent):
             self.progress[(e.node, e.label)] = e
         elif isinstance(e, OutputEvent):
