@@ -9,10 +9,15 @@ Public API::
         demo.sim      # the SimCluster model (inspect it; with SimClock.frozen(), advance its clock)
         await demo.stop()
 
-Modules: :mod:`~sparkconsole.sim.clock` (sim time), :mod:`~sparkconsole.sim.model` (state),
+Modules: :mod:`~sparkconsole.sim.clock` (sim time), :mod:`~sparkconsole.sim.model` (state: nodes,
+containers, memory, the model and image catalogues), :mod:`~sparkconsole.sim.vfs` (each node's
+files), :mod:`~sparkconsole.sim.procs` (each node's process table, outliving SSH channels),
 :mod:`~sparkconsole.sim.formats` (real output formats), :mod:`~sparkconsole.sim.vllm_logs`
-(version-specific vLLM logs), :mod:`~sparkconsole.sim.shell` (the command emulator and the table
-of supported deploy commands), :mod:`~sparkconsole.sim.server` (asyncssh),
+(version-specific vLLM logs), :mod:`~sparkconsole.sim.sglang` (SGLang runs, the engine check),
+:mod:`~sparkconsole.sim.sh` (a POSIX ``sh``: parse, expand, interp),
+:mod:`~sparkconsole.sim.tools` (one module per tool family: sys, files, net, docker, ray, hf,
+rsync), :mod:`~sparkconsole.sim.shell` (the node's shell, with the table of what it answers and
+what it does not), :mod:`~sparkconsole.sim.server` (asyncssh; ``DemoCluster.write_inventory``),
 :mod:`~sparkconsole.sim.scenarios` (story, healthy, link-down, node-lost, old-image).
 Nothing here imports Textual.
 """
