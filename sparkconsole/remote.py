@@ -301,7 +301,9 @@ def job_check(files: JobFiles, pid: int, tail_bytes: int = 4096) -> RemoteScript
 
 
 def kill_job(pid: int) -> RemoteCommand:
-    return command("kill", str(int(pid)), mutating=True, summary=f"stop job {int(pid)}")
+    """Stop a detached job and everything it started: ``setsid`` made its pid a process group, so
+    ``kill -TERM -- -PID`` reaches the download or copy too, not only the ``sh -c`` around it."""
+    return command("kill", "-TERM", "--", f"-{int(pid)}", mutating=True, summary=f"stop job {int(pid)}")
 
 
 def file_from(path: str, offset: int) -> RemoteCommand:

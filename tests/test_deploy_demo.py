@@ -118,7 +118,9 @@ def test_story_by_auto_meets_the_decisions_and_serves(tmp_path):
     assert d["engine.image"]["answer"] == "vllm/vllm-openai:v0.17.0"
     assert any("v0.14.1" in m and "NOT registered" in m for m in d["engine.image"]["measured"])
     stops = set(d["free-memory.stop"]["answer"].split(","))
-    assert stops == {"spark-1a32:vllm-glm", "spark-1a32:reranker"}  # the embeddings keep serving
+    # GLM goes, and one of the two 8.4 GiB services (the less busy by docker stats); the rest keeps serving
+    assert "spark-1a32:vllm-glm" in stops and len(stops) == 2
+    assert stops - {"spark-1a32:vllm-glm"} <= {"spark-1a32:reranker", "spark-1a32:embeddings"}
     # every command that changed a node was shown before it ran, and journaled under its step
     changed = [e for e in events if e["event"] == "command" and e["mutating"] and e["rc"] is not None]
     shown = [e for e in events if e["event"] == "command" and e["mutating"] and e["rc"] is None]

@@ -57,6 +57,11 @@ class ScriptedAnswers:
     presets: Mapping[str, str] = field(default_factory=dict)
     auto: bool = False
 
+    def forget(self, decision_id: str) -> None:
+        """A preset that led somewhere the flow came back from is not given again."""
+        if decision_id in self.presets:
+            self.presets = {k: v for k, v in self.presets.items() if k != decision_id}
+
     async def __call__(self, decision: Decision) -> tuple[str, str]:
         if decision.id in self.presets:
             return decision.check(self.presets[decision.id]), "preset"

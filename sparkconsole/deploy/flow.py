@@ -155,6 +155,9 @@ class Flow:
 
     @property
     def executor(self) -> str:
+        """``single`` (one node: the image's own entrypoint, no Ray), else the answer: ray | native."""
+        if len(self.nodes) < 2:
+            return "single"
         return str(self.get("executor") or self.o.executor or "ray")
 
     def container(self, role: str) -> str:
@@ -162,6 +165,15 @@ class Flow:
 
     def env(self, node: str) -> list[tuple[str, str]]:
         return netenv.node_env(self.fact(node), self.ip(self.head))
+
+    async def serving(self) -> bool:
+        """The head already answers /v1/models with this deployment's served name."""
+        res = await self.r.read(self.head, http_get(f"http://127.0.0.1:{self.o.port}/v1/models"), quiet=True)
+        return res.ok and f'"{self.served_name}"' in res.stdout
+
+    @property
+    def served_name(self) -> str:
+        return self.o.served_name or self.o.model.split("/", 1)[1].lower()
 
     async def recon(self, nodes: list[str] | None = None) -> dict[str, NodeFacts]:
         """Read every node once (concurrently) and keep what was read."""
@@ -308,6 +320,7 @@ class Plan(Step):
         kv = "fp8" if answer.endswith("fp8kv") else "auto"
         chosen = compare_tp(f.spec, dataclasses.replace(base, kv_cache_dtype=kv), tps=(tp,))[0]
         f.put("tp", tp)
+        f.put("plan_fits", bool(chosen.get("fits")))
         f.put("kv_cache_dtype", kv)
         mml = int(chosen["max_model_len"])
         f.put("max_model_len", mml)
@@ -695,6 +708,9 @@ class Images(Step):
 class FreeMemory(Step):
     id, title = "free-memory", "Free the memory the plan needs"
 
+    async def probe(self) -> str | None:
+        return "the model is already served" if await self.f.serving() else None
+
     async def decide(self) -> None:
         f = self.f
         facts = await f.recon(f.nodes)  # fresh numbers: services kept serving while weights moved
@@ -755,6 +771,9 @@ class FreeMemory(Step):
 class Caches(Step):
     id, title = "caches", "Drop the page cache right before launch"
 
+    async def probe(self) -> str | None:
+        return "the model is already served" if await self.f.serving() else None
+
     async def decide(self) -> None:
         facts = self.f.facts
         cache = {n: (facts[n].page_cache or 0) / GIB for n in self.f.nodes}
@@ -787,7 +806,7 @@ class Cluster(Step):
     id, title = "cluster", "Ray head and workers, every GPU seen"
 
     async def decide(self) -> None:
-        if self.f.engine == "sglang" or len(self.f.nodes) < 2:
+        if self.f.engine == "sglang":
             self.f.put("executor", "native")
             return
         d = Decision("cluster.executor", self.id, "How the nodes join: Ray or vLLM's native multi-node",
@@ -824,9 +843,11 @@ class Cluster(Step):
         return (st.active_nodes or 0, st.gpus_total or 0.0) if st else (0, 0.0)
 
     async def probe(self) -> str | None:
-        if self.f.executor != "ray":
-            return "native multi-node: the engine starts the ranks itself (serve step)"
-        if self.r.state.started:
+        if len(self.f.nodes) < 2:
+            return "one node: no cluster to form"
+        if await self.f.serving():
+            return "the model is already served"
+        if self.f.get("executor") == "ray" and any("-ray-" in s.name for s in self.r.state.started):
             nodes, gpus = await self._status()
             if nodes >= len(self.f.nodes) and gpus >= len(self.f.nodes):
                 return f"Ray is up: {nodes} nodes, {gpus:g} GPUs"
@@ -836,6 +857,9 @@ class Cluster(Step):
         from sparkconsole.deploy.state import Started
 
         f = self.f
+        if f.executor != "ray":
+            self.r.note("native multi-node: the serve step starts one engine container per node, workers first")
+            return
         name = f.container("ray")
         for n in f.nodes:
             # the name carries this deployment's id: a container of that name is ours (a run killed
@@ -858,6 +882,8 @@ class Cluster(Step):
                 self.r.save()
 
     async def verify(self) -> None:
+        if self.f.executor != "ray":
+            return
         want = len(self.f.nodes)
         deadline = time.monotonic() + self.r.settings.ray_join_timeout_s / self.r.settings.speed
         nodes, gpus = 0, 0.0
@@ -877,15 +903,12 @@ class Cluster(Step):
 class Serve(Step):
     id, title = "serve", "Start the engine and follow it to ready"
 
-    def _served(self) -> str:
-        return self.f.o.served_name or self.f.o.model.split("/", 1)[1].lower()
-
     def _vllm_args(self) -> list[str]:
         f = self.f
         args = [f.o.model, "--tensor-parallel-size", str(f.get("tp") or 1),
                 "--gpu-memory-utilization", str(f.get("gmu") or 0.85),
                 "--max-model-len", str(f.get("max_model_len") or 65536),
-                "--served-model-name", self._served(), "--host", "0.0.0.0", "--port", str(f.o.port)]
+                "--served-model-name", self.f.served_name, "--host", "0.0.0.0", "--port", str(f.o.port)]
         if f.get("kv_cache_dtype") == "fp8":
             args += ["--kv-cache-dtype", "fp8"]
         parser = f.o.reasoning_parser or ("qwen3" if "qwen3" in f.o.model.lower() else None)
@@ -911,6 +934,11 @@ class Serve(Step):
                                           mounts=[(f.fact(n).hf_dir, "/root/.cache/huggingface")],
                                           summary=f"start SGLang rank {rank} on {n}")))
             return out
+        if f.executor == "single":
+            return [(f.head, docker_run(f.container("vllm"), f.image, options=DOCKER_OPTS, args=self._vllm_args(),
+                                        env=[*f.env(f.head), *env] if len(self.r.nodes) > 1 else env,
+                                        mounts=[(f.fact(f.head).hf_dir, "/root/.cache/huggingface")],
+                                        summary=f"start vLLM (TP=1) on {f.head}"))]
         if f.executor == "native":
             out = []
             for rank, n in reversed(list(enumerate(f.nodes))):
@@ -930,9 +958,8 @@ class Serve(Step):
         return self._commands()
 
     async def probe(self) -> str | None:
-        res = await self.r.read(self.f.head, http_get(f"http://127.0.0.1:{self.f.o.port}/v1/models"), quiet=True)
-        if res.ok and f'"{self._served()}"' in res.stdout:
-            return f"already serving {self._served()} on port {self.f.o.port}"
+        if await self.f.serving():
+            return f"already serving {self.f.served_name} on port {self.f.o.port}"
         return None
 
     async def apply(self) -> None:
@@ -960,9 +987,9 @@ class Serve(Step):
         offset = 0
         last_change = time.monotonic()
         deadline = time.monotonic() + self.r.settings.serve_timeout_s / self.r.settings.speed
-        sglang_or_native = f.engine == "sglang" or f.executor == "native"
+        in_container = f.engine == "sglang" or f.executor in ("native", "single")
         while True:
-            if sglang_or_native:
+            if in_container:
                 res = await self.r.read(f.head, command("docker", "logs", f.container(
                     "sglang" if f.engine == "sglang" else "vllm")), quiet=True)
                 text = (res.stdout + res.stderr)[offset:]
@@ -1002,15 +1029,24 @@ class Serve(Step):
         back = {"oom": "plan", "unsupported_architecture": "engine", "nccl": "network", "ray": "cluster"}.get(kind)
         proof = rep.failure_line or ""
         options = []
-        if kind == "oom":
+        layout_fits = bool(self.f.get("plan_fits", True))
+        if kind == "oom" and not layout_fits:
+            options.append(Option("back-plan", "back to the plan: this layout does not fit",
+                                  f"TP={self.f.get('tp')} was chosen against the plan's verdict; choose again"))
+        elif kind == "oom":
             options.append(Option("shorter", "a shorter context and less memory", "--max-model-len halved, "
                                   "gmu 0.80: more room for the weights' peak"))
-        if back:
+        if back and all(o.value != f"back-{back}" for o in options):
             options.append(Option(f"back-{back}", f"back to the {back} step", rep.advice or ""))
         options.append(Option("stop", "stop here", "read the log and decide by hand"))
+        seen = list(self.f.get("failures") or [])
+        again = kind in seen  # the same failure twice: going back once more would not help
+        rec = "stop" if again else options[0].value
+        self.f.put("failures", [*seen, kind])
         d = Decision("serve.failure", self.id, f"The engine failed to start ({kind})",
-                     (proof[:300], rep.advice or ""), tuple(options), options[0].value,
-                     rep.advice or f"the log shows a {kind} failure")
+                     (proof[:300], rep.advice or ""), tuple(options), rec,
+                     (f"the same {kind} failure again: going back once more would not help" if again
+                      else rep.advice or f"the log shows a {kind} failure"))
         answer = await self.r.decide(d)
         self.r.forget("serve.failure")
         await self._remove_started()
@@ -1020,9 +1056,10 @@ class Serve(Step):
             self.f.put("gmu_override", 0.80)
             raise GoTo("plan", "less context and memory after an out-of-memory start")
         if answer.startswith("back-"):
-            if back == "engine":
-                self.r.forget("engine.image")
-            raise GoTo(back or "plan", f"{kind} failure")
+            target = answer.removeprefix("back-")
+            self.r.forget({"engine": "engine.image", "plan": "plan.layout", "cluster": "cluster.executor",
+                           "network": "network.mtu"}.get(target, ""))
+            raise GoTo(target, f"{kind} failure")
         raise StepFailed(f"the engine failed ({kind}): {proof[:200]}", rep.advice or "read the log")
 
     async def _hung(self, idle: float) -> None:
@@ -1068,7 +1105,7 @@ class Verify(Step):
     async def apply(self) -> None:
         f = self.f
         base = f"http://127.0.0.1:{f.o.port}"
-        served = Serve(f)._served()
+        served = f.served_name
         health = await self.r.read(f.head, http_get(f"{base}/health", fail=True), timeout=30)
         if not health.ok:
             raise StepFailed(f"/health did not answer 200 (exit {health.exit_status})", "read the engine's log")

@@ -197,6 +197,9 @@ class Runner:
         """Drop answers so the decisions are asked again (the flow went back)."""
         for d in decision_ids:
             self.state.answers.pop(d, None)
+            forget = getattr(self.answer, "forget", None)
+            if forget is not None:
+                forget(d)
 
     # ---- detached jobs ----------------------------------------------------------------------
     async def start_job(self, node: str, key: str, inner: RemoteCommand, job_dir: str) -> Job:
