@@ -12,6 +12,9 @@ operator names), ``e`` opens a field; what is typed there is checked by the deci
 
 from __future__ import annotations
 
+from rich.console import Group, RenderableType
+from rich.padding import Padding
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
@@ -32,7 +35,43 @@ def ordered_options(decision: Decision) -> list[Option]:
     return rec + rest
 
 
-class DecisionScreen(ModalScreen[str | None]):
+def indented(text: Text, indent: int = 2) -> Padding:
+    """``text`` with every wrapped line starting at ``indent`` (a measured line stays one block)."""
+    return Padding(text, (0, 0, 0, indent))
+
+
+def _same(value: str, label: str) -> bool:
+    """Whether the label already says the value (``a,b`` in ``stop a, b``)."""
+    squeeze = "".join(value.split()).lower()
+    return squeeze in "".join(label.split()).lower()
+
+
+def free_text_placeholder(decision: Decision) -> str:
+    """What the free-text field asks for, with the recommendation as the example of its form."""
+    example = decision.recommended if len(decision.recommended) <= 50 else decision.recommended[:49] + "…"
+    return f"another value (like {example}), Enter to answer" if example else "another value, Enter to answer"
+
+
+class LiveUnderneath:
+    """A modal over a live screen forwards the app's redraws to it, so the node panels beside the
+    wizard keep moving while a question or a confirmation is open."""
+
+    def _underneath(self):
+        stack = self.app.screen_stack  # type: ignore[attr-defined]
+        return stack[-2] if len(stack) > 1 and stack[-1] is self else None
+
+    def refresh_all(self) -> None:
+        under = self._underneath()
+        if under is not None and hasattr(under, "refresh_all"):
+            under.refresh_all()
+
+    def refresh_node(self, name: str) -> None:
+        under = self._underneath()
+        if under is not None and hasattr(under, "refresh_node"):
+            under.refresh_node(name)
+
+
+class DecisionScreen(LiveUnderneath, ModalScreen[str | None]):
     """Asks one :class:`~sparkconsole.deploy.decisions.Decision`."""
 
     BINDINGS = DECISION_BINDINGS
@@ -57,8 +96,7 @@ class DecisionScreen(ModalScreen[str | None]):
                 yield Static(id="decision-options")
                 yield Static(id="decision-why")
             if d.free_text:
-                yield Input(placeholder="another value (e.g. an image reference), Enter to answer",
-                            id="decision-free")
+                yield Input(placeholder=free_text_placeholder(d), id="decision-free")
             yield Static(id="decision-error")
             yield Static(Text(self._hint(), style="dim"), id="decision-hint")
 
@@ -74,47 +112,52 @@ class DecisionScreen(ModalScreen[str | None]):
         parts.append("esc stop the run here")
         return " · ".join(parts)
 
-    def _measured(self) -> Text:
-        text = Text("Measured\n", style="bold")
+    def _measured(self) -> Group:
+        """Each measured line as a block indented as a whole: a long one wraps under itself."""
+        parts: list[RenderableType] = [Text("Measured", style="bold")]
         lines = [m for m in self.decision.measured if m]
         if not lines:
-            text.append("  (nothing to measure for this one)\n", style="dim")
-        for line in lines:
-            text.append(f"  {line}\n")
-        text.rstrip()
-        text.append("\n")
-        return text
+            parts.append(indented(Text("(nothing to measure for this one)", style="dim")))
+        parts += [indented(Text(line)) for line in lines]
+        parts.append(Text(""))
+        return Group(*parts)
+
+    def _option_row(self, i: int, opt: Option) -> tuple[Text, Text]:
+        """The option's number column and its text (label, value where the label does not say it, marks)."""
+        d = self.decision
+        chosen = i == self.index
+        mark = Text("▸ " if chosen else "  ", style="bold cyan")
+        mark.append(f"{i + 1}" if i < 9 else " ", style="dim")
+        row = Text(opt.label, style="bold" if chosen else "")
+        if opt.value != opt.label and not _same(opt.value, opt.label):
+            row.append(f"  [{opt.value}]", style="dim")
+        if opt.value == d.recommended:
+            row.append("  ★ recommended", style="bold green")
+        if opt.experimental:
+            row.append("  ⚠ experimental", style="bold yellow")
+        if chosen:
+            mark.stylize("reverse")
+            row.stylize("reverse")
+        return mark, row
 
     def _draw(self) -> None:
         d = self.decision
-        text = Text("Options\n", style="bold")
+        # a grid, so that an option too long for one line wraps under its own text, not under its number
+        grid = Table.grid(padding=(0, 1), expand=True)
+        grid.add_column(width=3, no_wrap=True)
+        grid.add_column(ratio=1, overflow="fold")
         for i, opt in enumerate(self.options):
-            chosen = i == self.index
-            row = Text("▸ " if chosen else "  ", style="bold cyan")
-            row.append(f"{i + 1}  " if i < 9 else "   ", style="dim")
-            row.append(opt.label, style="bold" if chosen else "")
-            if opt.value != opt.label and opt.value not in opt.label:
-                row.append(f"  [{opt.value}]", style="dim")
-            if opt.value == d.recommended:
-                row.append("  ★ recommended", style="bold green")
-            if opt.experimental:
-                row.append("  ⚠ experimental", style="bold yellow")
-            if chosen:
-                row.stylize("reverse")
-            text.append(row)
-            text.append("\n")
-        text.rstrip()
-        self.query_one("#decision-options", Static).update(text)
+            grid.add_row(*self._option_row(i, opt))
+        self.query_one("#decision-options", Static).update(Group(Text("Options", style="bold"), grid))
         opt = self.options[self.index] if self.options else None
-        why = Text("Why\n", style="bold")
+        why: list[RenderableType] = [Text("Why", style="bold")]
         if opt is not None and opt.why:
-            why.append(f"  {opt.why}\n")
+            why.append(indented(Text(opt.why)))
         if opt is not None and opt.value == d.recommended and d.why:
-            why.append(f"  Recommended: {d.why}\n", style="green")
+            why.append(indented(Text(f"Recommended: {d.why}", style="green")))
         elif d.why:
-            why.append(f"  The wizard recommends {d.recommended}: {d.why}\n", style="dim")
-        why.rstrip()
-        self.query_one("#decision-why", Static).update(why)
+            why.append(indented(Text(f"The wizard recommends {d.recommended}: {d.why}", style="dim")))
+        self.query_one("#decision-why", Static).update(Group(*why))
 
     # ---- keys ----------------------------------------------------------------------------------
 

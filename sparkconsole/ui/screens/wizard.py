@@ -33,11 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Header, Label, Log, ProgressBar, Static
+from textual.widgets import Button, Footer, Header, Label, Log, ProgressBar, Static
 
 from sparkconsole.deploy.decisions import Decision, DecisionStop
 from sparkconsole.deploy.events import (
@@ -54,6 +55,8 @@ from sparkconsole.deploy.flow import STEP_IDS, STEPS, Options
 from sparkconsole.deploy.state import DeploymentState
 from sparkconsole.remote import RemoteCommand
 from sparkconsole.ui.keymap import WIZARD_BINDINGS
+from sparkconsole.ui.screens.confirm import ConfirmScreen
+from sparkconsole.ui.screens.decision import LiveUnderneath
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_panel import NodePanel
 
@@ -205,6 +208,15 @@ def step_list_text(run: WizardRun, shown: str | None) -> Text:
     return text
 
 
+def _marked(mark: Text, text: Text, indent: int = 2) -> Table:
+    """``mark`` then ``text``, the text wrapping under itself."""
+    grid = Table.grid(expand=True, padding=0)
+    grid.add_column(width=indent + mark.cell_len, no_wrap=True)
+    grid.add_column(ratio=1)
+    grid.add_row(Text(" " * indent) + mark, text)
+    return grid
+
+
 def _line() -> Text:
     return Text(no_wrap=True, overflow="ellipsis")
 
@@ -215,7 +227,7 @@ def step_body_text(run: WizardRun, step: str) -> Group:
     Commands are one line each (cut with an ellipsis: the full text is in the journal and in the
     confirmation dialog); notes wrap, since they are what the operator reads."""
     v = run.view(step)
-    parts: list[Text] = []
+    parts: list[Text | Table] = []
     if v.note:
         style = "bold red" if v.state == "failed" else "yellow" if v.state == "waiting" else "dim"
         parts += [Text(v.note, style=style), Text("")]
@@ -264,16 +276,54 @@ def step_body_text(run: WizardRun, step: str) -> Group:
         parts.append(Text(""))
     if v.notes:
         parts.append(Text("Notes", style="bold underline"))
-        for n in v.notes:
+        for n in v.notes:  # a long note wraps under its own first word, its mark stays alone
             style = {"warning": "dark_orange", "error": "bold red"}.get(n.level, "")
-            line = Text("  ! " if n.level != "info" else "  · ", style=style or "dim")
+            line = Text()
             if n.node:
                 line.append(f"{n.node}: ", style="cyan")
             line.append(n.text, style=style)
-            parts.append(line)
+            parts.append(_marked(Text("! " if n.level != "info" else "· ", style=style or "dim"), line))
     if not parts:
         parts.append(Text("Nothing yet." if v.state == "pending" else "…", style="dim"))
     return Group(*parts)
+
+
+def commands_table(commands: Sequence[tuple[str, str]]) -> Table:
+    """``node $ command`` rows; a long command wraps under itself, not under the node's name."""
+    grid = Table.grid(padding=(0, 1), expand=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1, overflow="fold")
+    for node, command in commands:
+        grid.add_row(Text(f"{node} $", style="cyan"), Text(command, style="bold"))
+    return grid
+
+
+class StepConfirmScreen(LiveUnderneath, ConfirmScreen):
+    """The generic confirmation, for a step's changing commands: wider, one block per command, the
+    commands scrolled when there are many, and the node panels still moving underneath."""
+
+    def __init__(self, step: str, commands: Sequence[tuple[str, str]], *, note: str) -> None:
+        nodes = ", ".join(dict.fromkeys(n for n, _ in commands))
+        count = f"{len(commands)} command{'s' if len(commands) != 1 else ''}"
+        super().__init__(nodes, f"the {step} step's {count}", "\n".join(f"{n} $ {c}" for n, c in commands),
+                         action="run", note=note)
+        self.step = step
+        self.commands = list(commands)
+
+    def compose(self) -> ComposeResult:
+        title = Text.assemble(("Run ", "bold"), (self.service, "bold yellow"), (" on ", "bold"),
+                              (self.node, "bold cyan"), ("?", "bold"))
+        many = len(self.commands) != 1
+        with Vertical(id="confirm-box"):
+            yield Static(title, id="confirm-title")
+            yield Static(Text("These commands will run, in this order:" if many else "This command will run:",
+                              style="dim"))
+            with VerticalScroll(id="step-confirm-scroll", can_focus=False):
+                yield Static(commands_table(self.commands), id="confirm-command")
+            yield Static(Text(self.note or ""), id="confirm-note")
+            with Horizontal(id="confirm-buttons"):
+                yield Button("Yes, run (y)", variant="warning", id="yes")
+                yield Button("No (n)", variant="primary", id="no")
 
 
 def _progress_id(node: str, label: str) -> str:
@@ -307,6 +357,7 @@ class WizardScreen(LiveScreen):
         self._waiting_told = False
         self._panels: dict[str, NodePanel] = {}
         self._bars: dict[tuple[str, str], tuple[ProgressBar, Label]] = {}
+        self._bar_steps: dict[tuple[str, str], str] = {}  # the step each bar belongs to
 
     # ---- layout ------------------------------------------------------------------------------
 
@@ -441,11 +492,23 @@ class WizardScreen(LiveScreen):
                 Horizontal(Label(label, classes="progress-label"), bar, detail, id=_progress_id(*key),
                            classes="progress-row"))
         bar, detail = self._bars[key]
+        self._bar_steps[key] = e.step
         if e.fraction is None:
             bar.update(total=None)
         else:
             bar.update(total=100, progress=round(max(0.0, min(1.0, e.fraction)) * 100, 1))
         detail.update(e.detail)
+
+    def _finish_bars(self, step: str) -> None:
+        """A finished step's bars read 100 % (its last report may have come before the end: the
+        download's last tqdm line, the image load that reports no fraction)."""
+        for key, owner in self._bar_steps.items():
+            last = self.run.progress.get(key)
+            if owner != step or last is None or last.fraction == 1.0:
+                continue
+            bar, detail = self._bars[key]
+            bar.update(total=100, progress=100)
+            detail.update(Text("✓ done", style="green"))
 
     # ---- events from the runner --------------------------------------------------------------
 
@@ -454,6 +517,8 @@ class WizardScreen(LiveScreen):
         self.run.apply(e)
         if isinstance(e, StepEvent) and e.state == "running":
             self.shown = None  # follow the run to its new step
+        if isinstance(e, StepEvent) and e.state in ("done", "skipped"):
+            self._finish_bars(e.step)
         if isinstance(e, ProgressEvent):
             self._draw_progress(e)
             return
@@ -533,8 +598,6 @@ class WizardScreen(LiveScreen):
                             description=f"deployment {self.state.id}")
 
     def action_teardown(self) -> None:
-        from sparkconsole.ui.screens.confirm import ConfirmScreen
-
         if self.running:
             self.notify("a run is going on: let it stop first (Esc at its next decision)", severity="warning")
             return
@@ -638,19 +701,14 @@ class WizardScreen(LiveScreen):
         return value, "operator"
 
     async def _confirm(self, step: str, commands: Sequence[tuple[str, RemoteCommand]]) -> bool:
-        """The runner's confirm: the step's changing commands in the generic confirmation dialog."""
-        from sparkconsole.ui.screens.confirm import ConfirmScreen
-
+        """The runner's confirm: the step's changing commands in a confirmation dialog."""
         if self.auto:
             return True
         await self._until_visible(f"confirm the {step} step's commands")
         if self.auto:
             return True
-        nodes = ", ".join(dict.fromkeys(n for n, _ in commands))
-        text = "\n".join(f"{n} $ {c.shell()}" for n, c in commands)
-        count = f"{len(commands)} command{'s' if len(commands) != 1 else ''}"
-        return bool(await self._ask(ConfirmScreen(
-            nodes, f"the {step} step's {count}", text, action="run",
+        return bool(await self._ask(StepConfirmScreen(
+            step, [(n, c.shell()) for n, c in commands],
             note=f"Each is journaled with deployment {self.state.id if self.state else ''} and step {step}. "
                  "a in the wizard stops asking (auto).")))
 
