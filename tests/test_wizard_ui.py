@@ -1,15 +1,23 @@
 """The deployment wizard's screen (``w``) on the demo cluster, driven by keyboard, and its snapshots.
 
-The Pilot tests run the headless flow for real (recon, plan, engine over the demo's SSH) and answer
-its decisions with keys. The simulated cluster cannot carry a whole deployment yet, so they stop
-after the engine step (the screen's ``until``), which meets the ``plan.layout`` and ``engine.image``
-decisions. The snapshots feed the screen recorded deploy events (its input contract) so they do
-not move when the flow's wording does; the node panels are the demo's polled samples.
+The Pilot tests run the headless flow for real over the demo's SSH and answer with keys:
+
+* the whole story deployment on a running demo (sim time x100, the console polling by itself):
+  every decision and every step's confirmation by keyboard, to a served and verified model, with
+  the head's node panel seen to lose vllm-glm's memory after free-memory and to show the Ray
+  container once it runs;
+* an answer other than the recommendation, by number key, recorded as the operator's;
+* on a frozen clock (each wait moves sim time on): plan and engine, Esc at a decision and resume,
+  a question that waits for the operator to come back, auto, read-only.
+
+The snapshots (and scripts/screenshots) feed the screen recorded deploy events
+(tests/wizard_scenes.py) so they do not move when the flow's wording does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import replace
 
@@ -18,26 +26,32 @@ import pytest
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.events import (
     CommandEvent,
-    DecisionEvent,
-    NoteEvent,
-    OutputEvent,
     ProgressEvent,
     StepEvent,
 )
 from sparkconsole.deploy.state import DeploymentState, StateStore
-from sparkconsole.journal import read_journal
+from sparkconsole.journal import Journal, read_journal
 from sparkconsole.probe import poller
 from sparkconsole.remote import drop_caches
+from sparkconsole.ui.app import DemoOptions, SparkConsoleApp
 from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.decision import DecisionScreen
 from sparkconsole.ui.screens.help import HelpScreen
 from sparkconsole.ui.screens.overview import OverviewScreen
-from sparkconsole.ui.screens.wizard import WizardEvent, WizardRun, WizardScreen, step_list_text
+from sparkconsole.ui.screens.wizard import (
+    StepConfirmScreen,
+    WizardEvent,
+    WizardRun,
+    WizardScreen,
+    step_body_text,
+    step_list_text,
+)
+from sparkconsole.ui.widgets.node_card import renderable_text
 from sparkconsole.ui.widgets.node_panel import NodePanel
-from tests.ui_support import demo_app, started
+from tests.ui_support import demo_app, started, wait_ready
+from tests.wizard_scenes import FIXED_ID, asking, until, wizard_decision, wizard_weights_loading
 
 SIZE = (160, 48)
-FIXED_ID = "20260327-174000-ab12"
 
 
 @pytest.fixture(autouse=True)
@@ -52,21 +66,6 @@ def _deterministic(tmp_path, monkeypatch):
     time.tzset()
 
 
-async def until(pilot, app, cond, timeout: float = 30.0) -> None:
-    """Wait for ``cond``, moving the demo's manual clock on (commands on the sim take sim time)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError(f"condition not met in time; screen: {type(app.screen).__name__}")
-        app.demo.sim_clock.advance(0.5)
-        await pilot.pause(0.02)
-
-
-def asking(app, decision_id: str):
-    return lambda: isinstance(app.screen, DecisionScreen) and app.screen.decision.id == decision_id
-
-
 async def open_wizard(pilot, app, **kwargs) -> WizardScreen:
     await started(pilot, app, ticks=2)
     app.install_screen(WizardScreen(**kwargs), "wizard")  # `w` shows the installed one
@@ -76,7 +75,162 @@ async def open_wizard(pilot, app, **kwargs) -> WizardScreen:
     return app.screen
 
 
-# ---- Pilot: the real flow on the demo cluster --------------------------------------------------
+# ---- Pilot: the whole deployment on a running demo ----------------------------------------------
+
+LIVE_SPEED = 100.0  # sim seconds per wall second: the story's ~50 sim minutes in about half a minute
+LIVE_DEADLINE = 60.0  # per wait, generous for a loaded 2-core machine
+LIVE_SIZE = (200, 60)  # the node panels beside the steps
+
+
+def live_demo_app(tmp_path, scenario: str = "story") -> SparkConsoleApp:
+    """The demo on a running sim clock, the console polling every second by itself (panels alive)."""
+    return SparkConsoleApp(demo=DemoOptions(nodes=2, scenario=scenario, speed=LIVE_SPEED), interval=1.0,
+                           remember_theme=False, journal=Journal(tmp_path / "journal.jsonl"))
+
+
+async def wait_for(pilot, app, cond, what: str, timeout: float = LIVE_DEADLINE) -> None:
+    """Until ``cond`` (the demo's clock runs by itself); fails with what was awaited and the screen."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError(f"waited {timeout:.0f} s for {what}; screen: {type(app.screen).__name__}")
+        await pilot.pause(0.05)
+
+
+def used_gib(panel: NodePanel) -> float | None:
+    m = re.search(r"memory ([\d.]+) / [\d.]+ GiB used", panel.plain_text(60))
+    return float(m.group(1)) if m else None
+
+
+def containers_line(panel: NodePanel) -> str:
+    text = " ".join(panel.plain_text(200).split())  # one line, whatever the panel's wrapping
+    return text[text.find("containers"):]
+
+
+async def answer_everything(pilot, app, wizard: WizardScreen, keys: dict[str, str] | None = None,
+                            at: dict | None = None) -> list[tuple[str, str]]:
+    """Answer each question by keyboard as it comes until the run ends: a decision with Enter (after
+    the key in ``keys`` for its id, if any), a step's commands with y. ``at[("decision", id)]`` or
+    ``at[("confirm", step)]`` is awaited first, with the question on screen. Returns what was asked."""
+    keys, at = keys or {}, at or {}
+    asked: list[tuple[str, str]] = []
+
+    def question_or_end() -> bool:
+        return (isinstance(app.screen, DecisionScreen | StepConfirmScreen)
+                or (not wizard.running and wizard.run.result is not None))
+
+    while True:
+        await wait_for(pilot, app, question_or_end, f"a question or the end after {asked[-1:] or 'the start'}")
+        screen = app.screen
+        if isinstance(screen, DecisionScreen):
+            asked.append(("decision", screen.decision.id))
+        elif isinstance(screen, StepConfirmScreen):
+            asked.append(("confirm", screen.step))
+        else:
+            return asked
+        if asked[-1] in at:
+            await at[asked[-1]]()
+        if asked[-1][0] == "decision":
+            if asked[-1][1] in keys:
+                await pilot.press(keys[asked[-1][1]])
+            await pilot.press("enter")
+        else:
+            await pilot.press("y")
+        await wait_for(pilot, app, lambda s=screen: app.screen is not s, f"{asked[-1]} to close")
+
+
+async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
+    app = live_demo_app(tmp_path)
+    async with app.run_test(size=LIVE_SIZE) as pilot:
+        await wait_ready(pilot, app)
+        await pilot.press("w")
+        await wait_for(pilot, app, lambda: isinstance(app.screen, WizardScreen), "the wizard")
+        wizard: WizardScreen = app.screen
+        head = next(p for p in wizard.query(NodePanel) if p.node == "spark-1a32")
+        await wait_for(pilot, app, lambda: used_gib(head) is not None, "the head's first sample")
+        seen: dict[str, object] = {}
+
+        async def before_any_change() -> None:  # the plan.layout question: the old services still run
+            seen["used before"] = used_gib(head)
+            seen["containers before"] = containers_line(head)
+
+        async def after_free_memory() -> None:
+            # the run waits for this answer, so the head stays as free-memory left it; the panel (under
+            # the dialog) must show the memory vllm-glm held (85 GiB) gone, and vllm-glm with it (the
+            # container list is probed every other poll)
+            await wait_for(pilot, app, lambda: used_gib(head) < seen["used before"] - 60
+                           and "vllm-glm" not in containers_line(head),
+                           "the head's panel to show what free-memory stopped and freed")
+            seen["used after"] = used_gib(head)
+            seen["containers after"] = containers_line(head)
+
+        await pilot.press("enter")
+        asked = await answer_everything(pilot, app, wizard, at={("decision", "plan.layout"): before_any_change,
+                                                                ("decision", "caches.drop"): after_free_memory})
+
+        assert [a for a in asked if a[0] == "decision"] == [
+            ("decision", d) for d in ("plan.layout", "engine.image", "free-memory.stop", "caches.drop",
+                                      "cluster.executor")]
+        confirmed = [s for kind, s in asked if kind == "confirm"]
+        for step in ("weights", "images", "free-memory", "caches", "cluster", "serve"):
+            assert step in confirmed, (step, asked)
+        assert asked.index(("decision", "free-memory.stop")) < asked.index(("confirm", "free-memory"))
+
+        result = wizard.run.result
+        assert result is not None and result.ok and result.endpoint, wizard.result_text().plain
+        assert "served and verified" in wizard.result_text().plain
+        states = {s: wizard.run.view(s).state for s in (
+            "recon", "plan", "engine", "network", "weights", "images", "free-memory", "caches", "cluster",
+            "serve", "verify")}
+        assert set(states.values()) <= {"done", "skipped"}, states
+        decisions = {d.id: d for s in states for d in wizard.run.view(s).decisions}
+        assert {d.by for d in decisions.values()} == {"operator"}
+        assert all(d.answer == d.recommended for d in decisions.values())
+        assert "spark-1a32:vllm-glm" in decisions["free-memory.stop"].answer
+        assert decisions["cluster.executor"].answer == "ray"
+        # the weights bars of the serve step went to the end
+        assert wizard.run.progress[("spark-1a32", "weights")].fraction == 1.0
+
+        # the panels beside: the head lost GLM's 85 GiB after free-memory, its container list changed,
+        # and the Ray container with the model's weights (memory up again) shows once it serves
+        assert seen["used before"] > 100
+        assert "vllm-glm" in seen["containers before"] and "vllm-glm" not in seen["containers after"]
+        await wait_for(pilot, app, lambda: "sparkconsole-ray" in containers_line(head)
+                       and used_gib(head) > seen["used after"] + 40, "the head's panel to show the engine")
+        saved = StateStore().load(wizard.state.id)
+        assert saved.result == "served"
+        assert saved.answers["cluster.executor"] == "ray"
+
+
+async def test_an_answer_other_than_the_recommendation_is_the_operators(tmp_path):
+    app = live_demo_app(tmp_path)
+    async with app.run_test(size=LIVE_SIZE) as pilot:
+        await wait_ready(pilot, app)
+        await pilot.press("w")
+        await wait_for(pilot, app, lambda: isinstance(app.screen, WizardScreen), "the wizard")
+        wizard: WizardScreen = app.screen
+        wizard.until = "cluster"
+
+        async def check_the_highlight() -> None:
+            modal = app.screen
+            assert modal.options[0].value == "ray" == modal.decision.recommended
+            await pilot.press("2")  # a number highlights, it does not answer on its own
+            assert app.screen is modal and modal.options[modal.index].value == "native"
+
+        await pilot.press("enter")
+        asked = await answer_everything(pilot, app, wizard, keys={"cluster.executor": "2"},
+                                        at={("decision", "cluster.executor"): check_the_highlight})
+        assert ("decision", "cluster.executor") in asked
+        executor = [d for d in wizard.run.view("cluster").decisions if d.id == "cluster.executor"]
+        assert [(d.answer, d.recommended, d.by) for d in executor] == [("native", "ray", "operator")]
+        body = renderable_text(step_body_text(wizard.run, "cluster"), 160)
+        assert "native (operator; recommended ray)" in body
+        assert wizard.run.view("cluster").state == "done" and wizard.run.view("serve").state == "pending"
+        assert StateStore().load(wizard.state.id).answers["cluster.executor"] == "native"
+
+
+# ---- Pilot: the real flow on a frozen clock ----------------------------------------------------
 
 async def test_decisions_answered_by_keyboard_through_plan_and_engine(tmp_path):
     app = demo_app(tmp_path)
@@ -235,95 +389,20 @@ def test_events_fold_into_the_view():
     assert not newer.can_replace(WizardEvent(ProgressEvent("weights", "spark-5be3", "copy", 0.7)))
 
 
-# ---- snapshots: recorded events, the demo's live node panels ----------------------------------
+# ---- snapshots: recorded events (tests/wizard_scenes.py), the demo's live node panels ----------
 
-HEAD, WORKER = "spark-1a32", "spark-5be3"
-
-BEFORE_PLAN = [
-    StepEvent("recon", "running"),
-    NoteEvent("recon", "NVIDIA GB10, driver 580.126.09, CUDA 13.0, 12.9/119.7 GiB available, docker 29.2.1 "
-                       "(overlay2), 3 images, fast link 192.168.200.12, Hub reachable", node=HEAD),
-    NoteEvent("recon", "NVIDIA GB10, driver 580.126.09, CUDA 13.0, 106.6/119.7 GiB available, docker 29.2.1 "
-                       "(overlay2), 1 image, fast link 192.168.200.13, Hub not reachable", node=WORKER),
-    StepEvent("recon", "done"),
-    StepEvent("plan", "running"),
-]
-
-PLAN_LAYOUT = Decision(
-    "plan.layout", "plan", "Single-node OOM risk: how to lay the model out",
-    ("TP=1: 116.1 GiB weights per node, -18.1 GiB KV, 0.0x concurrency at 262,144 tokens: does not fit",
-     "TP=2: 58.1 GiB weights per node, 39.4 GiB KV, 12.4x concurrency at 262,144 tokens: fits"),
-    (Option("tp1", "one Spark", "116.1 GiB weights per node; out of memory on loading (the single-node OOM risk)"),
-     Option("tp2", "TP=2 over 2 Sparks", "58.1 GiB weights per node; fits"),
-     Option("tp2-fp8kv", "TP=2 with fp8 KV cache", "24.8x concurrency (twice the tokens, slightly lower quality)"),
-     Option("4bit", "a 4-bit variant on one Spark", "an NVFP4/INT4 build fits one node (other checkpoint)")),
-    "tp2", "the cheapest layout that fits: TP=2; one Spark would run out of memory loading 116 GiB")
-
-
-def _done(step: str) -> list:
-    return [StepEvent(step, "running"), StepEvent(step, "done")]
-
-
-WEIGHTS_LOADING = [
-    *BEFORE_PLAN,
-    DecisionEvent("plan.layout", PLAN_LAYOUT.title, "tp2", "tp2", PLAN_LAYOUT.why, by="operator"),
-    StepEvent("plan", "done"),
-    *_done("engine"), *_done("network"),
-    StepEvent("weights", "running"),
-    ProgressEvent("weights", HEAD, "download", 1.0, "39/39 files"),
-    ProgressEvent("weights", WORKER, "copy", 1.0, "126.3 GB 100% 1.1GB/s"),
-    StepEvent("weights", "done"),
-    *_done("images"),
-    StepEvent("free-memory", "running"),
-    DecisionEvent("free-memory.stop", "Free memory: which services to stop", "spark-1a32:vllm-glm",
-                  "spark-1a32:vllm-glm", "the smallest set that makes the plan fit", by="operator"),
-    CommandEvent("free-memory", HEAD, "docker stop vllm-glm", 0, "docker stop vllm-glm", True, 11.2),
-    StepEvent("free-memory", "done"),
-    *_done("caches"), *_done("cluster"),
-    StepEvent("serve", "running"),
-    CommandEvent("serve", HEAD, "docker exec -d sparkconsole-ray-74000ab12 sh -c 'vllm serve …'", 0,
-                 "start vLLM (Ray, TP=2) in sparkconsole-ray-74000ab12", True, 0.4),
-    OutputEvent("serve", HEAD, "INFO 03-27 17:52:10 [api_server.py:1351] vLLM API server version 0.17.0"),
-    OutputEvent("serve", HEAD, "INFO 03-27 17:52:31 [ray_utils.py:345] Connected to Ray cluster: 2 nodes, 2 GPUs"),
-    OutputEvent("serve", HEAD, "Loading safetensors checkpoint shards:  41% Completed | 16/39 [00:38<00:55]"),
-    ProgressEvent("serve", HEAD, "weights", 0.41, "16/39 shards"),
-]
-
-
-def _snap(snap_compare, tmp_path, monkeypatch, scene) -> bool:
+def _snap(snap_compare, tmp_path, scene) -> bool:
     app = demo_app(tmp_path)
 
     async def run_before(pilot) -> None:
-        await started(pilot, app, ticks=6)
-        wizard = WizardScreen(state=DeploymentState(id=FIXED_ID, model="Qwen/Qwen3.5-122B-A10B-FP8",
-                                                    cluster=app.config.name))
-        app.install_screen(wizard, "wizard")
-        await pilot.press("w")
-        await pilot.pause()
-        await scene(pilot, app, wizard)
-        await pilot.pause(0.2)
+        await scene(pilot, app)
 
     return snap_compare(app, terminal_size=SIZE, run_before=run_before)
 
 
-async def _at_decision(pilot, app, wizard: WizardScreen) -> None:
-    wizard.running = True
-    wizard.feed(BEFORE_PLAN)
-    await pilot.pause()
-    wizard._pending = asyncio.create_task(wizard._answer(PLAN_LAYOUT))  # the runner's own answerer
-    await until(pilot, app, asking(app, "plan.layout"))
-    await pilot.press("down", "down")  # the "why" follows the highlight
+def test_snapshot_at_the_layout_decision(snap_compare, tmp_path):
+    assert _snap(snap_compare, tmp_path, wizard_decision)
 
 
-async def _weights_loading(pilot, app, wizard: WizardScreen) -> None:
-    wizard.running = True
-    wizard.feed(WEIGHTS_LOADING)
-    await pilot.pause(0.3)
-
-
-def test_snapshot_at_the_layout_decision(snap_compare, tmp_path, monkeypatch):
-    assert _snap(snap_compare, tmp_path, monkeypatch, _at_decision)
-
-
-def test_snapshot_while_weights_load(snap_compare, tmp_path, monkeypatch):
-    assert _snap(snap_compare, tmp_path, monkeypatch, _weights_loading)
+def test_snapshot_while_weights_load(snap_compare, tmp_path):
+    assert _snap(snap_compare, tmp_path, wizard_weights_loading)
