@@ -31,6 +31,7 @@ from tests.ui_support import (  # noqa: E402
     planner,
     weights_loading,
 )
+from tests.wizard_scenes import wizard_decision, wizard_weights_loading  # noqa: E402
 
 OUT = ROOT / "screenshots"
 SIZE = (160, 48)
@@ -45,6 +46,8 @@ SHOTS: list[tuple[str, str, Callable[..., Awaitable[None]]]] = [
     ("confirm-restart", "story", confirm_restart),
     ("weights-loading", "story", weights_loading),
     ("planner", "story", planner),
+    ("wizard-decision", "story", wizard_decision),
+    ("wizard-weights-loading", "story", wizard_weights_loading),
 ]
 
 

@@ -21,7 +21,7 @@ from sparkconsole.deploy.events import (
 from sparkconsole.deploy.state import DeploymentState
 from sparkconsole.ui.screens.decision import DecisionScreen
 from sparkconsole.ui.screens.wizard import WizardScreen
-from tests.ui_support import started
+from tests.ui_support import started, wait_ready
 
 FIXED_ID = "20260327-174000-ab12"
 MODEL = "Qwen/Qwen3.5-122B-A10B-FP8"
@@ -65,6 +65,9 @@ PLAN_LAYOUT = Decision(
     "tp2", "the cheapest layout that fits: TP=2; one Spark would run out of memory loading 116 GiB")
 
 
+STOPPED = "spark-1a32:reranker,spark-1a32:vllm-glm"  # the story's answer: the embeddings keep serving
+
+
 def _done(step: str) -> list:
     return [StepEvent(step, "running"), StepEvent(step, "done")]
 
@@ -80,9 +83,10 @@ WEIGHTS_LOADING = [
     StepEvent("weights", "done"),
     *_done("images"),
     StepEvent("free-memory", "running"),
-    DecisionEvent("free-memory.stop", "Free memory: which services to stop", "spark-1a32:vllm-glm",
-                  "spark-1a32:vllm-glm", "the smallest set that makes the plan fit", by="operator"),
-    CommandEvent("free-memory", HEAD, "docker stop vllm-glm", 0, "docker stop vllm-glm", True, 11.2),
+    DecisionEvent("free-memory.stop", "Free memory: which services to stop", STOPPED, STOPPED,
+                  "stopping these frees enough on every node", by="operator"),
+    CommandEvent("free-memory", HEAD, "docker stop reranker", 0, "docker stop reranker", True, 0.4),
+    CommandEvent("free-memory", HEAD, "docker stop vllm-glm", 0, "docker stop vllm-glm", True, 0.4),
     StepEvent("free-memory", "done"),
     *_done("caches"), *_done("cluster"),
     StepEvent("serve", "running"),
@@ -117,8 +121,24 @@ async def wizard_decision(pilot, app) -> None:
     await pilot.pause(0.2)
 
 
+def stop_as_recorded(app) -> None:
+    """What the recorded free-memory step did, done to the sim (as its ``docker stop`` does), so the
+    node panels beside the recorded steps show the head without GLM and the reranker."""
+    sim = app.demo_cluster.sim
+    t = sim.clock.now()
+    for service in STOPPED.split(","):
+        node, name = service.split(":")
+        ct = sim.container(node, name)
+        ct.stopped, ct.exit_code = t, 0
+        if ct.engine is not None:
+            ct.engine.stop(t)
+
+
 async def wizard_weights_loading(pilot, app) -> None:
-    """The serve step loading shards (41 %), every earlier step done, the engine log beneath."""
+    """The serve step loading shards (41 %), every earlier step done, the engine log beneath; the
+    head's panel without the services free-memory stopped."""
+    await wait_ready(pilot, app)
+    stop_as_recorded(app)
     wizard = await open_recorded(pilot, app)
     wizard.running = True
     wizard.feed(WEIGHTS_LOADING)
