@@ -514,3 +514,207 @@ async def test_systemctl_show_speaks_systemds_format():
     units = {u.name: u for u in parse_systemctl_show(out, ["ollama", "nvidia-dgx-dashboard", "nope"])}
     assert units["nvidia-dgx-dashboard"].state == "active" and units["nvidia-dgx-dashboard"].detail == "running"
     assert units["nope"].loaded is False
+
+
+# ---- vLLM native multi-node (no Ray): --nnodes/--node-rank/--master-addr, --headless on rank > 0 ------
+
+IMG17 = "vllm/vllm-openai:v0.17.0"
+SERVED = "qwen3.5-122b-a10b-fp8"
+
+
+def native_run(rank: int) -> str:
+    """The wizard's launch on node ``rank`` (image entrypoint ``vllm serve``)."""
+    return (f"docker run -d --name sparkconsole-vllm-{rank} --network host --ipc host --gpus all "
+            "--device /dev/infiniband --ulimit memlock=-1 --shm-size 16g -e NCCL_SOCKET_IFNAME=enp1s0f1np1 "
+            f"-v /root/.cache/huggingface:/root/.cache/huggingface {IMG17} {QWEN} --tensor-parallel-size 2 "
+            f"--gpu-memory-utilization 0.85 --max-model-len 262144 --served-model-name {SERVED} --host 0.0.0.0 "
+            "--port 8000 --reasoning-parser qwen3 --distributed-executor-backend mp --nnodes 2 "
+            f"--node-rank {rank} --master-addr 192.168.200.12 --master-port 29501" + (" --headless" if rank else ""))
+
+
+async def _native_ready(c):
+    """Workers first, the head last; returns the head's container and run once ready."""
+    _, err, rc = await sh(c, WORKER, native_run(1))
+    assert rc == 0, err
+    _, err, rc = await sh(c, HEAD, native_run(0))
+    assert rc == 0, err
+    head = c.container(HEAD, "sparkconsole-vllm-0")
+    run = head.engine
+    assert run is not None and run.ready_at is not None, run and run.failure
+    c.clock.advance(run.ready_at + 1 - c.now())
+    return head, run
+
+
+async def test_native_tp2_across_two_nodes_is_ready_and_serves():
+    c = cluster("healthy")
+    head, run = await _native_ready(c)
+    worker = c.container(WORKER, "sparkconsole-vllm-1")
+    assert run.nodes == (HEAD, WORKER) and worker.headless.run is run
+    assert head.running(c.now()) and worker.running(c.now())
+
+    hlog = (await sh(c, HEAD, "docker logs sparkconsole-vllm-0 2>&1"))[0]
+    wlog = (await sh(c, WORKER, "docker logs sparkconsole-vllm-1 2>&1"))[0]
+    rep = parse_vllm_log(hlog)
+    assert rep.state == "ready" and rep.port == 8000 and rep.vllm_version == "0.17.0"
+    assert "World size" not in hlog
+    assert re.search(r"^\(Worker_TP0 pid=\d+\) INFO .* world_size=2 rank=0 local_rank=0 "
+                     r"distributed_init_method=tcp://192\.168\.200\.12:29501 backend=nccl$", hlog, re.M)
+    assert "Loading safetensors checkpoint shards: 100% Completed | 40/40" in hlog
+    # the worker's own lines are in the worker container's log, prefixed as the multiproc executor does
+    assert "Launching vLLM (v0.17.0) headless multiproc executor, with head node address 192.168.200.12:29501" in wlog
+    assert re.search(r"^\(Worker_TP1 pid=\d+\) INFO .* world_size=2 rank=1 ", wlog, re.M)
+    assert re.search(r"^\(Worker_TP1 pid=\d+\) INFO .* Model loading took 58\.31 GiB memory", wlog, re.M)
+    assert "Worker_TP1" not in hlog and "Application startup complete" not in wlog
+    assert parse_vllm_log(wlog).state == "loading"
+
+    # same memory on both nodes as the Ray TP=2 run; the worker's in its own container
+    ray = cluster("healthy")
+    _, ray_run = await _tp2_ready(ray)
+    for node in (HEAD, WORKER):
+        assert c.memory(node).gpu_holders and len(c.memory(node).gpu_holders) == 1
+        nat = c.memory(node).gpu_holders[0][1]
+        ref = ray.memory(node, ray_run.ready_at + 1).gpu_holders[0][1]
+        assert abs(nat - ref) < 0.01 * GIB
+    wh = c.memory(WORKER).gpu_holders[0][0]
+    assert wh.name == "VLLM::Worker_TP1" and wh.container == "sparkconsole-vllm-1"
+
+    out, _, rc = await sh(c, HEAD, "curl -sf http://localhost:8000/v1/models")
+    assert rc == 0 and f'"id":"{SERVED}"' in out
+    out, _, rc = await sh(c, WORKER, "curl -s http://192.168.200.12:8000/health -w '%{http_code}'")
+    assert rc == 0 and out == "200"
+    out, _, rc = await sh(c, HEAD, "curl -s http://localhost:8000/v1/chat/completions -H 'Content-Type: "
+                                   "application/json' -d '{\"model\": \"" + SERVED + "\", \"messages\": "
+                                   "[{\"role\": \"user\", \"content\": \"12*17\"}], \"max_tokens\": 500}'",
+                          step=0.5)
+    assert rc == 0 and "204" in out
+
+
+async def test_native_head_without_worker_dies_with_diststoreerror():
+    c = cluster("healthy")
+    _, err, rc = await sh(c, HEAD, native_run(0))
+    assert rc == 0, err
+    head = c.container(HEAD, "sparkconsole-vllm-0")
+    run = head.engine
+    assert run.ready_at is None and run.rendezvous_at is not None
+    # waiting in the rendezvous: up, nothing new, for ten minutes
+    c.clock.advance(run.rendezvous_at + 590 - c.now())
+    assert head.running(c.now())
+    log = (await sh(c, HEAD, "docker logs sparkconsole-vllm-0 2>&1"))[0]
+    assert "DistStoreError" not in log and "World size" not in log
+    c.clock.advance(20)
+    assert not head.running(c.now())
+    log = (await sh(c, HEAD, "docker logs sparkconsole-vllm-0 2>&1"))[0]
+    assert re.search(r"^\(Worker_TP0 pid=\d+\) ERROR .*torch\.distributed\.DistStoreError: Timed out after 601 "
+                     r"seconds waiting for clients\. 1/2 clients joined\.$", log, re.M)
+    assert abs(run.failed_at - (run.rendezvous_at + 601)) < 2
+    rep = parse_vllm_log(log)
+    assert rep.state == "failed" and "DistStoreError" in (rep.failure_line or "")
+    out, _, _ = await sh(c, HEAD, "docker ps -a --format '{{.Names}} {{.Status}}'")
+    assert "sparkconsole-vllm-0 Exited (1)" in out
+
+
+async def test_native_worker_waits_for_a_head_that_never_comes_and_a_late_one_joins():
+    c = cluster("healthy")
+    await sh(c, WORKER, native_run(1))
+    worker = c.container(WORKER, "sparkconsole-vllm-1")
+    c.clock.advance(3000)
+    assert worker.running(c.now()) and worker.headless.run is None
+    log = (await sh(c, WORKER, "docker logs sparkconsole-vllm-1"))[0]
+    assert log.rstrip().endswith("backend=nccl") and "Error" not in log
+    # a head started late still finds it waiting
+    await sh(c, HEAD, native_run(0))
+    run = c.container(HEAD, "sparkconsole-vllm-0").engine
+    assert run.ready_at is not None and worker.headless.run is run
+
+
+async def test_native_head_started_first_takes_a_worker_joining_within_the_timeout():
+    c = cluster("healthy")
+    await sh(c, HEAD, native_run(0))
+    c.clock.advance(120)
+    await sh(c, WORKER, native_run(1))
+    head = c.container(HEAD, "sparkconsole-vllm-0")
+    assert head.engine.ready_at is not None and head.engine.failure is None
+    assert head.engine.nodes == (HEAD, WORKER)
+
+
+async def test_native_link_down_no_join():
+    c = cluster("healthy")
+    c.nodes[WORKER].port1_up = False
+    await sh(c, WORKER, native_run(1))
+    await sh(c, HEAD, native_run(0))
+    run = c.container(HEAD, "sparkconsole-vllm-0").engine
+    assert run.ready_at is None and run.failure == "rendezvous"
+    assert c.container(WORKER, "sparkconsole-vllm-1").headless.run is None
+
+
+@pytest.mark.parametrize("which", ["worker", "head"])
+async def test_native_stopping_either_side_ends_the_engine(which):
+    c = cluster("healthy")
+    head, run = await _native_ready(c)
+    worker = c.container(WORKER, "sparkconsole-vllm-1")
+    t_stop = c.now() + 5
+    c.clock.advance(5)
+    if which == "worker":
+        _, _, rc = await sh(c, WORKER, "docker stop sparkconsole-vllm-1")
+        assert rc == 0 and not worker.running(c.now())
+        assert not c.memory(WORKER).gpu_holders  # its memory is freed
+        assert head.running(c.now()) and run.hung_at is not None  # the head hangs on the collective...
+        c.clock.advance(620)
+        assert not head.running(c.now())  # ... and dies when NCCL's watchdog fires
+        log = (await sh(c, HEAD, "docker logs sparkconsole-vllm-0 2>&1"))[0]
+        assert re.search(r"^\(Worker_TP0 pid=\d+\) \[rank0\]:\[E.* Watchdog caught collective operation timeout",
+                         log, re.M)
+        assert "EngineDeadError" in log and parse_vllm_log(log).state == "failed"
+        assert not c.memory(HEAD).gpu_holders
+    else:
+        _, _, rc = await sh(c, HEAD, "docker stop sparkconsole-vllm-0")
+        assert rc == 0 and not head.running(c.now())
+        assert not c.memory(HEAD).gpu_holders
+        out, _, rc = await sh(c, HEAD, "curl -s http://localhost:8000/health")
+        assert rc == 7
+        assert worker.running(c.now()) and c.memory(WORKER).gpu_holders  # the worker hangs...
+        c.clock.advance(620)
+        assert not worker.running(c.now()) and not c.memory(WORKER).gpu_holders  # ... then dies
+        log = (await sh(c, WORKER, "docker logs sparkconsole-vllm-1 2>&1"))[0]
+        assert re.search(r"^\(Worker_TP1 pid=\d+\) \[rank1\]:\[E.* Watchdog caught collective operation timeout",
+                         log, re.M)
+        assert parse_vllm_log(log).state == "failed"
+        out, _, _ = await sh(c, WORKER, "docker ps -a --format '{{.Names}} {{.Status}}'")
+        assert "sparkconsole-vllm-1 Exited (1)" in out
+    assert t_stop > run.ready_at
+
+
+async def test_native_tp1_entrypoint_form_still_ooms_the_122b():
+    c = cluster("healthy")
+    cmd = (f"docker run -d --name sparkconsole-vllm-x --network host --gpus all {IMG17} {QWEN} "
+           "--gpu-memory-utilization 0.85 --max-model-len 262144 --port 8000")
+    _, err, rc = await sh(c, HEAD, cmd)
+    assert rc == 0, err
+    run = c.container(HEAD, "sparkconsole-vllm-x").engine
+    assert run.tp == 1 and not run.native and run.failure in ("oom", "oom_startup")
+
+
+# ---- a chat completion takes decode time -------------------------------------------------------
+
+async def test_chat_takes_prefill_plus_tokens_at_the_decode_rate():
+    c = cluster("healthy")
+    await _native_ready(c)
+    chat = ("curl -s http://localhost:8000/v1/chat/completions -H 'Content-Type: application/json' -d "
+            "'{\"model\": \"" + SERVED + "\", \"messages\": [{\"role\": \"user\", \"content\": \"12*17\"}]}'")
+    t0 = c.now()
+    out, _, rc = await sh(c, HEAD, chat, step=0.05)
+    took = c.now() - t0
+    assert rc == 0
+    import json as _json
+    usage = _json.loads(out)["usage"]
+    expect = 0.12 + usage["prompt_tokens"] / 1500.0 + usage["completion_tokens"] / 31.5
+    assert abs(took - expect) < 0.1, (took, expect)
+    tok_s = usage["completion_tokens"] / took
+    assert 25.0 < tok_s < 31.5
+    # /health and /v1/models answer at once
+    t0 = c.now()
+    await sh(c, HEAD, "curl -s http://localhost:8000/health; curl -s http://localhost:8000/v1/models", step=0.05)
+    assert c.now() - t0 < 0.01
+    # a --max-time shorter than the answer times out
+    _, _, rc = await sh(c, HEAD, chat.replace("curl -s", "curl -s -m 0.5"), step=0.05)
+    assert rc == 28

@@ -330,6 +330,18 @@ class EngineRun:
     hung_at: float | None = None  # a TP worker was lost: nothing progresses after this (NCCL hangs)
     # renders the access-log / metrics lines of traffic slot k (set by the planner: the model renders no text)
     render_traffic: Callable[[EngineRun, int, float], list[LogLine]] | None = None
+    # native multi-node (``--nnodes``, no Ray): the headless ranks' own lines, per node, that their
+    # containers' ``docker logs`` show; when each headless rank's process exits (absent: still running)
+    peer_lines: dict[str, list[LogLine]] = field(default_factory=dict)
+    peer_end: dict[str, float] = field(default_factory=dict)
+    peer_containers: dict[str, str] = field(default_factory=dict)  # node -> the headless rank's container
+    rendezvous: tuple[str, int] | None = None  # native: the TCPStore (master-addr, master-port) it hosts
+    rendezvous_at: float | None = None  # native: when rank 0 starts waiting for the other ranks
+    serve_args: Any = None  # native: the head's parsed arguments (planned again when a rank joins late)
+
+    @property
+    def native(self) -> bool:
+        return self.rendezvous is not None
 
     def is_ready(self, t: float) -> bool:
         return (
@@ -351,6 +363,21 @@ class EngineRun:
 
 
 @dataclass
+class HeadlessRank:
+    """A ``vllm serve --headless --node-rank R`` (R > 0): its workers wait at the head's TCPStore."""
+
+    master_addr: str
+    master_port: int
+    nnodes: int
+    node_rank: int
+    tp: int
+    model: str
+    pid: int  # the Worker_TP<rank> process
+    waiting_at: float  # when its worker process reaches the rendezvous
+    run: EngineRun | None = None  # the head's run it joined
+
+
+@dataclass
 class Container:
     id: str
     name: str
@@ -369,11 +396,21 @@ class Container:
     network: str = "host"
     mounts: str = ""
     restarts: int = 0
+    headless: HeadlessRank | None = None  # a native multi-node vLLM rank > 0
+
+    def _member_end(self) -> float | None:
+        h = self.headless
+        if h is None or h.run is None:
+            return None
+        return h.run.peer_end.get(self.node)
 
     def running(self, t: float) -> bool:
         if self.started is None or t < self.started:
             return False
         if self.stopped is not None and t >= self.stopped:
+            return False
+        end = self._member_end()
+        if end is not None and t >= end:
             return False
         return not (self.engine is not None and self.engine.failed_at is not None and t >= self.engine.failed_at)
 
@@ -390,6 +427,9 @@ class Container:
             return (self.exit_code if self.exit_code is not None else 0, self.stopped)
         if self.engine is not None and self.engine.failed_at is not None:
             return (1, self.engine.failed_at)
+        end = self._member_end()
+        if end is not None:
+            return (1, end)
         return (0, self.started)
 
     def log_lines(self, t: float) -> list[LogLine]:
@@ -406,6 +446,10 @@ class Container:
             lines += [ln for ln in self.engine.lines if lo < ln.t <= end]
             since = max(self.started or 0.0, lo)
             lines += [ln for ln in periodic_lines(self.engine, since, end) if ln.t > lo]
+        h = self.headless
+        if h is not None and h.run is not None:
+            end = hi if self.stopped is None else min(hi, self.stopped)
+            lines += [ln for ln in h.run.peer_lines.get(self.node, ()) if lo < ln.t <= end]
         lines.sort(key=lambda ln: ln.t)
         return lines
 

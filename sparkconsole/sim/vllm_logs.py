@@ -78,6 +78,11 @@ class ServeArgs:
     enable_prefix_caching: bool | None = None
     trust_remote_code: bool = False
     runner: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    headless: bool = False
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -92,9 +97,13 @@ _VALUE_FLAGS = {
     "--distributed-executor-backend": "backend", "--load-format": "load_format",
     "--max-num-seqs": "max_num_seqs", "--max-num-batched-tokens": "max_num_batched_tokens",
     "--kv-cache-dtype": "kv_cache_dtype", "--runner": "runner", "--task": "runner",
+    "--nnodes": "nnodes", "-n": "nnodes", "--node-rank": "node_rank", "-r": "node_rank",
+    "--master-addr": "master_addr", "--master-port": "master_port",
 }
+_INT_ATTRS = ("port", "tp", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "nnodes", "node_rank",
+              "master_port")
 _BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--trust-remote-code": "trust_remote_code",
-               "--enable-prefix-caching": "enable_prefix_caching"}
+               "--enable-prefix-caching": "enable_prefix_caching", "--headless": "headless"}
 
 
 def parse_serve_args(argv: list[str]) -> ServeArgs:
@@ -114,7 +123,7 @@ def parse_serve_args(argv: list[str]) -> ServeArgs:
                 i += 1
             attr = _VALUE_FLAGS[key]
             try:
-                if attr in ("port", "tp", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+                if attr in _INT_ATTRS:
                     setattr(args, attr, int(val))
                 elif attr == "gmu":
                     args.gmu = float(val)
@@ -135,6 +144,9 @@ def parse_serve_args(argv: list[str]) -> ServeArgs:
         i += 1
     if not 0 < args.gmu <= 1:
         raise ServeArgError(f"vllm serve: error: gpu_memory_utilization must be in (0, 1], got {args.gmu}")
+    if not 0 <= args.node_rank < max(1, args.nnodes):
+        raise ServeArgError(f"vllm serve: error: node_rank ({args.node_rank}) must be less than nnodes "
+                            f"({args.nnodes})")
     return args
 
 
@@ -244,6 +256,146 @@ class _Script:
 
 PY = "/usr/local/lib/python3.12/dist-packages"
 
+# ---- native multi-node (--nnodes/--node-rank/--master-addr, no Ray): the multiproc executor -------
+
+WORKERPROC_FAILED = ("Exception: WorkerProc initialization failed due to an exception in a background process. "
+                     "See stack trace for root cause.")
+_WORKER_FRAMES = [
+    (f"{PY}/vllm/v1/executor/multiproc_executor.py", 743, "worker_main", "worker = WorkerProc(*args, **kwargs)"),
+    (f"{PY}/vllm/v1/executor/multiproc_executor.py", 569, "__init__", "self.worker.init_device()"),
+    (f"{PY}/vllm/v1/worker/worker_base.py", 326, "init_device", "self.worker.init_device()  # type: ignore"),
+]
+_RENDEZVOUS_FRAMES = [
+    (f"{PY}/vllm/v1/worker/gpu_worker.py", 230, "init_device", "init_worker_distributed_environment("),
+    (f"{PY}/vllm/v1/worker/gpu_worker.py", 887, "init_worker_distributed_environment",
+     "init_distributed_environment("),
+    (f"{PY}/vllm/distributed/parallel_state.py", 1231, "init_distributed_environment",
+     "torch.distributed.init_process_group("),
+    ("/usr/local/lib/python3.12/dist-packages/torch/distributed/rendezvous.py", 198, "_create_c10d_store",
+     "return TCPStore("),
+]
+_MP_FRAMES = [
+    (f"{PY}/vllm/v1/executor/abstract.py", 101, "__init__", "self._init_executor()"),
+    (f"{PY}/vllm/v1/executor/multiproc_executor.py", 172, "_init_executor",
+     "self.workers = WorkerProc.wait_for_ready(unready_workers)"),
+    (f"{PY}/vllm/v1/executor/multiproc_executor.py", 683, "wait_for_ready", "raise e from None"),
+]
+HEADLESS_WAIT_S = 7.5  # `vllm serve --headless` start to its workers waiting at the rendezvous
+RENDEZVOUS_TIMEOUT_S = 601.0
+
+
+def _joined_ranks(cluster: SimCluster, head: SimNode, args: ServeArgs, t_rdv: float) -> dict[int, tuple]:
+    """The headless ranks that reach the head's TCPStore within its timeout: rank -> (container,
+    when it joined). A rank joins over the fast link to ``--master-addr`` (down link: never)."""
+    out: dict[int, tuple] = {}
+    for c in cluster.containers:
+        h = c.headless
+        if (h is None or h.run is not None or c.node == head.name or h.nnodes != args.nnodes or h.tp != args.tp
+                or (h.master_addr, h.master_port) != (args.master_addr, args.master_port)):
+            continue
+        at = max(t_rdv, h.waiting_at)
+        if at - t_rdv > RENDEZVOUS_TIMEOUT_S - 1.0 or not c.running(at):
+            continue
+        if cluster.reachable(cluster.node(c.node), args.master_addr, at) is not head:
+            continue
+        if h.node_rank not in out or out[h.node_rank][1] > at:
+            out[h.node_rank] = (c, at)
+    return out
+
+
+def plan_headless(cluster: SimCluster, node: SimNode, container, version: str, args: ServeArgs,
+                  t0: float) -> tuple[list[LogLine], int | None]:
+    """A ``vllm serve --headless --node-rank R`` rank: its lines up to the rendezvous, where its
+    worker waits (for as long as it takes) for the head at ``--master-addr:--master-port``; the
+    head's plan (:func:`plan_serve`) writes what follows into ``EngineRun.peer_lines``. Returns
+    (lines, exit code if it stops at once)."""
+    from sparkconsole.sim.model import HeadlessRank
+
+    sc = _Script(cluster, t0)
+    spec = MODELS.get(args.model)
+    if spec is not None and spec.needs_new_vllm and version.startswith("0.14"):
+        sc.raw(4.8, "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n  Value "
+               f"error, Model architectures ['{spec.architecture}'] are not supported for now.")
+        return sc.lines, 1
+    sc.log(4.2, "", "INFO", "serve.py:229", f"Launching vLLM (v{version}) headless multiproc executor, with head "
+           f"node address {args.master_addr}:{args.master_port} for torch.distributed process group.")
+    sc.log(4.4, "", "WARNING", "multiproc_executor.py:869", "Reducing Torch parallelism from 20 threads to 1 to "
+           "avoid unnecessary CPU contention. Set OMP_NUM_THREADS in the external environment to tune this value "
+           "as needed.")
+    pid = stable_int(200, 3000, node.name, t0, "mpwrk")
+    rank = args.node_rank * max(1, args.tp // max(1, args.nnodes))
+    sc.log(HEADLESS_WAIT_S, f"(Worker_TP{rank} pid={pid}) ", "INFO", "parallel_state.py:1245",
+           f"world_size={args.tp} rank={rank} local_rank=0 distributed_init_method=tcp://{args.master_addr}:"
+           f"{args.master_port} backend=nccl")
+    container.headless = HeadlessRank(args.master_addr, args.master_port, args.nnodes, args.node_rank, args.tp,
+                                      args.model, pid, t0 + HEADLESS_WAIT_S)
+    return sc.lines, None
+
+
+def rank_joined(cluster: SimCluster, container) -> bool:
+    """A headless rank started after its head: a head still waiting at the rendezvous (planned to
+    time out) is planned again from its start, now with this rank joining. True if one was."""
+    h = container.headless
+    if h is None:
+        return False
+    for c in cluster.containers:
+        run = c.engine
+        if (run is None or not run.native or run.rendezvous != (h.master_addr, h.master_port)
+                or run.nccl_at is not None or run.failure != "rendezvous" or run.stopped_at is not None
+                or run.rendezvous_at is None or run.failed_at is None or run.failed_at <= h.waiting_at):
+            continue
+        c.engine = None  # the old plan holds the head's port: re-plan without it
+        c.engine = plan_serve(cluster, cluster.node(c.node), c.name, run.version, run.serve_args, run.started,
+                              pid_api=run.pid_api, activity=run.activity)
+        return True
+    return False
+
+
+def head_stopped(cluster: SimCluster, run: EngineRun, t: float) -> None:
+    """The head of a native multi-node run is stopped at ``t``: its side ends now; each headless
+    rank, joined in the NCCL group, hangs on the next collective until PyTorch's watchdog takes
+    it down (``NCCL_TIMEOUT_MS``); a rank still in the rendezvous loses the store at once."""
+    for h in run.holders:
+        if h.node == run.nodes[0] and (h.curve.end is None or h.curve.end > t):
+            h.curve.end = t
+    if run.stopped_at is None or run.stopped_at > t:
+        run.stopped_at = t
+    for rank, node in enumerate(run.nodes[1:], 1):
+        lines = run.peer_lines.get(node)
+        if lines is None or (run.peer_end.get(node) is not None and run.peer_end[node] <= t):
+            continue
+        lines[:] = [ln for ln in lines if ln.t <= t]
+        sc = _Script(cluster, 0.0)
+        pfx = f"(Worker_TP{rank} pid={run.rank_pids[rank]}) "
+        if run.nccl_at is None or t < run.nccl_at:
+            end = t + 0.3
+            sc.log(end - 0.1, pfx, "ERROR", "multiproc_executor.py:772", "WorkerProc failed to start.")
+            sc.traceback(end - 0.1, pfx, [*_WORKER_FRAMES, *_RENDEZVOUS_FRAMES],
+                         "torch.distributed.DistNetworkError: failed to recv, got 0 bytes",
+                         level_src="multiproc_executor.py:772")
+        else:
+            end = _watchdog(cluster, sc, run, [rank], t, lambda r: f"(Worker_TP{r} pid={run.rank_pids[r]}) ")
+            sc.log(end, "", "ERROR", "multiproc_executor.py:671", "Worker proc VllmWorker-0 died unexpectedly, "
+                   "shutting down executor.")
+            end += 0.4
+        lines.extend(sc.lines)
+        run.peer_end[node] = end
+        for h in run.holders:
+            if h.node == node and (h.curve.end is None or h.curve.end > end):
+                h.curve.end = end
+
+
+def peer_stopped(cluster: SimCluster, run: EngineRun, node: str, t: float) -> None:
+    """A headless rank's container is stopped at ``t``: its process ends now (its memory freed);
+    the head sees a lost TP worker (:func:`worker_lost`)."""
+    if node not in run.peer_lines or (run.peer_end.get(node) is not None and run.peer_end[node] <= t):
+        return
+    run.peer_end[node] = t
+    for h in run.holders:
+        if h.node == node and (h.curve.end is None or h.curve.end > t):
+            h.curve.end = t
+    worker_lost(cluster, run, node, t)
+
 
 def _nondefault(args: ServeArgs, spec_max: int) -> str:
     d: dict[str, object] = {"model_tag": args.model}
@@ -277,6 +429,16 @@ def _nondefault(args: ServeArgs, spec_max: int) -> str:
         d["reasoning_parser"] = args.reasoning_parser
     if args.enforce_eager:
         d["enforce_eager"] = True
+    if args.headless:
+        d["headless"] = True
+    if args.nnodes != 1:
+        d["nnodes"] = args.nnodes
+    if args.node_rank:
+        d["node_rank"] = args.node_rank
+    if args.master_addr != "127.0.0.1":
+        d["master_addr"] = args.master_addr
+    if args.master_port != 29501:
+        d["master_port"] = args.master_port
     for k, v in args.extra.items():
         d[k] = v
     return repr(d)
@@ -332,6 +494,8 @@ def _plan_serve(
         for h in run.holders:
             if h.curve.end is None or h.curve.end > run.failed_at:
                 h.curve.end = run.failed_at
+        for n in run.peer_lines:  # the head's executor is gone: the headless ranks shut down
+            run.peer_end.setdefault(n, run.failed_at + 0.5)
         return run
 
     # P1: version and args
@@ -433,7 +597,71 @@ def _plan_serve(
                f"Failed core proc(s): {{}}")
         return fail(dt + 0.6, kind)
 
-    if args.tp > 1:
+    def rank_failed(dt: float, n: SimNode, pid: int, rank: int, frames: list[tuple[str, int, str, str]],
+                    exc: str, kind: str) -> EngineRun:
+        """A rank's worker fails: with Ray the engine core reports it; natively the rank's own
+        worker process logs it (in its node's log) and the head's executor gives up."""
+        if not native:
+            return engine_failed(dt, frames, exc, kind, _prefix(core, n, node, pid, args.tp))
+        p = f"(Worker_TP{rank} pid={pid}) "
+        s_ = scripts.get(n.name, sc)
+        s_.log(dt, p, "ERROR", "multiproc_executor.py:772", "WorkerProc failed to start.")
+        s_.traceback(dt, p, [*_WORKER_FRAMES, *frames], exc, level_src="multiproc_executor.py:772")
+        return engine_failed(dt + 0.3, _MP_FRAMES, WORKERPROC_FAILED, kind)
+
+    native = args.nnodes > 1
+    scripts: dict[str, _Script] = {node.name: sc}
+    lead_pid = pid_core
+    if native:
+        local = args.tp // args.nnodes if args.tp % args.nnodes == 0 else args.tp
+        if local > 1:
+            msg = (f"ValueError: World size ({local}) is larger than the number of available GPUs (1) in this "
+                   "node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend "
+                   "ray'.\n- multiprocessing, set up '--nnodes' and '--node-rank' on every node.")
+            return engine_failed(t, [(f"{PY}/vllm/config/parallel.py", 612, "__post_init__",
+                                      "raise ValueError(")], msg, "ray")
+        run.rendezvous = (args.master_addr, args.master_port)
+        run.serve_args = args
+        lead_pid = stable_int(200, 3000, node.name, t0, "mpwrk")
+        w0 = f"(Worker_TP0 pid={lead_pid}) "
+        sc.log(t, core, "WARNING", "multiproc_executor.py:869", "Reducing Torch parallelism from 20 threads to 1 "
+               "to avoid unnecessary CPU contention. Set OMP_NUM_THREADS in the external environment to tune "
+               "this value as needed.")
+        t += 2.6
+        sc.log(t, w0, "INFO", "parallel_state.py:1245",
+               f"world_size={args.tp} rank=0 local_rank=0 distributed_init_method=tcp://{args.master_addr}:"
+               f"{args.master_port} backend=nccl")
+        run.rendezvous_at = t0 + t
+        joined = _joined_ranks(cluster, node, args, t0 + t)
+        if len(joined) < args.nnodes - 1:
+            # rank 0 hosts the TCPStore and waits for the other ranks: torch gives up after 600 s
+            t_fail = t + 601.0
+            n_joined = 1 + len(joined)
+            sc.log(t_fail, w0, "ERROR", "multiproc_executor.py:772", "WorkerProc failed to start.")
+            sc.traceback(t_fail, w0, [*_WORKER_FRAMES, *_RENDEZVOUS_FRAMES],
+                         "torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. "
+                         f"{n_joined}/{args.tp} clients joined.", level_src="multiproc_executor.py:772")
+            return engine_failed(t_fail + 0.3, _MP_FRAMES, WORKERPROC_FAILED, "rendezvous")
+        t = max(at for _c, at in joined.values()) - t0 + 0.4
+        span_nodes = [(node, lead_pid)]
+        for rank in sorted(joined):
+            c, _at = joined[rank]
+            assert c.headless is not None
+            n = cluster.node(c.node)
+            span_nodes.append((n, c.headless.pid))
+            scripts[n.name] = _Script(cluster, t0)
+            run.peer_lines[n.name] = scripts[n.name].lines
+            run.peer_containers[n.name] = c.name
+            c.headless.run = run
+        run.nodes = tuple(n.name for n, _ in span_nodes)
+        run.rank_pids = tuple(pid for _, pid in span_nodes)
+        for rank, (n, pid) in enumerate(span_nodes):
+            scripts[n.name].log(t + 1.2, f"(Worker_TP{rank} pid={pid}) ", "INFO", "custom_all_reduce.py:154",
+                                "CustomAllreduce is disabled because this process group spans across nodes.")
+        t += 1.5
+        sc.log(t, w0, "INFO", "pynccl.py:111", "vLLM is using nccl==2.27.5")
+        run.nccl_at = t0 + t
+    elif args.tp > 1:
         members = cluster.ray_members(t0)
         here = [m for m in members if m.node == node.name]
         if not here:
@@ -507,37 +735,51 @@ def _plan_serve(
         sc.log(t, core, "INFO", "parallel_state.py:1245",
                f"world_size=1 rank=0 local_rank=0 distributed_init_method=tcp://{node.lan_ip}:"
                f"{stable_int(30000, 60000, t0)} backend=nccl")
+    def rpfx(n: SimNode, pid: int, rank: int) -> str:
+        return f"(Worker_TP{rank} pid={pid}) " if native else _prefix(core, n, node, pid, args.tp)
+
+    def rlog(n: SimNode, dt: float, pfx: str, level: str, src: str, msg: str) -> None:
+        scripts.get(n.name, sc).log(dt, pfx, level, src, msg)
+
     for rank, (n, pid) in enumerate(span_nodes):
-        pfx = _prefix(core, n, node, pid, args.tp)
-        sc.log(t + 0.2, pfx, "INFO", "parallel_state.py:1466",
+        pfx = rpfx(n, pid, rank)
+        rlog(n, t + 0.2, pfx, "INFO", "parallel_state.py:1466",
                f"rank {rank} in world size {args.tp} is assigned as DP rank 0, PP rank 0, PCP rank 0, "
                f"TP rank {rank}, EP rank {rank}")
 
     # ---- start-up free-memory check (vLLM compares with what CUDA calls free: MemFree)
     t += 0.6
     requested = args.gmu * CUDA_TOTAL_GIB
-    for n, pid in span_nodes:
+    for rank, (n, pid) in enumerate(span_nodes):
         snap = cluster.memory(n.name, t0 + t)
         free_gib = snap.free / GIB
         if free_gib < requested:
-            pfx = _prefix(core, n, node, pid, args.tp)
             msg = (f"ValueError: Free memory on device cuda:0 ({free_gib:.2f}/{CUDA_TOTAL_GIB} GiB) on startup "
                    f"is less than desired GPU memory utilization ({args.gmu}, {requested:.2f} GiB). Decrease GPU "
                    "memory utilization or reduce GPU memory used by other processes.")
-            return engine_failed(t, [(f"{PY}/vllm/v1/worker/gpu_worker.py", 247, "init_device",
-                                      "self.requested_memory = request_memory(init_snapshot, self.cache_config)"),
-                                     (f"{PY}/vllm/v1/worker/utils.py", 318, "request_memory",
-                                      "raise ValueError(")], msg, "oom_startup", pfx)
+            return rank_failed(t, n, pid, rank, [(f"{PY}/vllm/v1/worker/gpu_worker.py", 247, "init_device",
+                                                  "self.requested_memory = request_memory(init_snapshot, "
+                                                  "self.cache_config)"),
+                                                 (f"{PY}/vllm/v1/worker/utils.py", 318, "request_memory",
+                                                  "raise ValueError(")], msg, "oom_startup")
 
     # ---- weights
     t_load = t + 0.3
-    lead = _prefix(core, span_nodes[0][0], node, span_nodes[0][1], args.tp)
-    sc.log(t_load, lead, "INFO", "gpu_model_runner.py:3764", f"Starting to load model {args.model}...")
+    lead = rpfx(span_nodes[0][0], span_nodes[0][1], 0)
+
+    def rank_log(dt: float, level: str, src: str, msg: str) -> None:
+        """A line every rank's worker prints: natively each in its own node's log."""
+        sc.log(dt, lead, level, src, msg)
+        if native:
+            for rank, (n, pid) in enumerate(span_nodes[1:], 1):
+                rlog(n, dt, rpfx(n, pid, rank), level, src, msg)
+
+    rank_log(t_load, "INFO", "gpu_model_runner.py:3764", f"Starting to load model {args.model}...")
     if "FP8" in args.model:
-        sc.log(t_load + 0.4, lead, "INFO", "fp8.py:190", "DeepGEMM is disabled because the platform does not "
-               "support it.")
-        sc.log(t_load + 0.4, lead, "INFO", "fp8.py:209", "Using Triton backend for FP8 MoE")
-    sc.log(t_load + 1.1, lead, "INFO", "cuda.py:381", "Using FLASHINFER attention backend out of potential "
+        rank_log(t_load + 0.4, "INFO", "fp8.py:190", "DeepGEMM is disabled because the platform does not "
+                 "support it.")
+        rank_log(t_load + 0.4, "INFO", "fp8.py:209", "Using Triton backend for FP8 MoE")
+    rank_log(t_load + 1.1, "INFO", "cuda.py:381", "Using FLASHINFER attention backend out of potential "
            "backends: ('FLASHINFER', 'FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION')")
     shards = spec.shards if spec else 4
     w_node = (spec.weights_gib_tp1 if spec else 8.0) / args.tp
@@ -569,20 +811,24 @@ def _plan_serve(
         if t_bar + elapsed > t_stop:
             break
         sc.raw(t_bar + elapsed, shard_bar(desc, k + 1, shards, elapsed))
-    for n, pid in span_nodes:
+    for rank, (n, pid) in enumerate(span_nodes):
         pts = [(t0 + t_bar, 0.0)]
         if oom_node is not None:
             pts.append((t0 + t_stop, w_bytes * oom_frac))
         else:
             pts.append((t0 + t_bar + t_read, w_bytes))
-        holder = Holder(n.name, pid, "VLLM::EngineCore" if args.tp == 1 else "ray::RayWorkerWrapper",
-                        Curve(pts), container=container if n is node else _ray_container(cluster, n.name))
+        if native:
+            holder = Holder(n.name, pid, f"VLLM::Worker_TP{rank}", Curve(pts),
+                            container=container if n is node else run.peer_containers[n.name])
+        else:
+            holder = Holder(n.name, pid, "VLLM::EngineCore" if args.tp == 1 else "ray::RayWorkerWrapper",
+                            Curve(pts), container=container if n is node else _ray_container(cluster, n.name))
         run.holders.append(holder)
         cluster.cache_ramps.append(_ramp(n.name, t0 + t_bar, t0 + t_bar + t_read * oom_frac,
                                          (spec.disk_bytes if spec else 8 * 10**9) * oom_frac))
     if oom_node is not None:
-        pid = dict((nn.name, p) for nn, p in span_nodes)[oom_node.name]
-        pfx = _prefix(core, oom_node, node, pid, args.tp)
+        oom_rank = [nn.name for nn, _p in span_nodes].index(oom_node.name)
+        pid = span_nodes[oom_rank][1]
         free_left = max(1.0, free_at_load[oom_node.name] - w_bytes * oom_frac + 180 * MIB)
         in_use = w_bytes * oom_frac + 0.62 * GIB
         alloc = w_bytes / shards
@@ -601,27 +847,29 @@ def _plan_serve(
                    "expert_data.copy_(loaded_weight)")]
         for h in run.holders:
             h.curve.end = t0 + t_stop + 1.0
-        return engine_failed(t_stop + 0.2, frames, msg, "oom", pfx)
+        return rank_failed(t_stop + 0.2, oom_node, pid, oom_rank, frames, msg, "oom")
     sc.raw(t_bar + t_read + 0.01, shard_bar(desc, shards, shards, t_read + 0.02))
     sc.raw(t_bar + t_read + 0.02, lead.rstrip() + " ")
     t = t_bar + t_read + 0.3
-    sc.log(t, lead, "INFO", "default_loader.py:291", f"Loading weights took {t_read + 0.31:.2f} seconds")
+    rank_log(t, "INFO", "default_loader.py:291", f"Loading weights took {t_read + 0.31:.2f} seconds")
     took = t - t_load + 11.5
     t += 11.5
-    sc.log(t, lead, "INFO", "gpu_model_runner.py:3846",
-           f"Model loading took {gib(w_node)} GiB memory and {took:.6f} seconds")
+    rank_log(t, "INFO", "gpu_model_runner.py:3846",
+             f"Model loading took {gib(w_node)} GiB memory and {took:.6f} seconds")
 
     # ---- compile + profile
     if not args.enforce_eager:
         h = stable_hex(10, args.model, "compile")
-        sc.log(t + 1.0, lead, "INFO", "backends.py:643", f"Using cache directory: /root/.cache/vllm/torch_compile_"
-               f"cache/{h}/rank_0_0/backbone for vLLM's torch.compile")
+        for rank, (n, pid) in enumerate(span_nodes if native else span_nodes[:1]):
+            rlog(n, t + 1.0, rpfx(n, pid, rank) if native else lead, "INFO", "backends.py:643",
+                 f"Using cache directory: /root/.cache/vllm/torch_compile_cache/{h}/rank_{rank}_0/backbone for "
+                 "vLLM's torch.compile")
         dyn = 9.84 if spec and spec.disk_bytes > 50e9 else 2.11
         comp = 61.23 if spec and spec.disk_bytes > 50e9 else 18.4
-        sc.log(t + 1.0 + dyn, lead, "INFO", "backends.py:703", f"Dynamo bytecode transform time: {dyn:.2f} s")
-        sc.log(t + 1.0 + dyn + comp, lead, "INFO", "backends.py:278",
-               f"Compiling a graph for compile range (1, {nbt}) takes {comp:.2f} s")
-        sc.log(t + 1.0 + dyn + comp, lead, "INFO", "monitor.py:34", f"torch.compile takes {dyn + comp:.2f} s in total")
+        rank_log(t + 1.0 + dyn, "INFO", "backends.py:703", f"Dynamo bytecode transform time: {dyn:.2f} s")
+        rank_log(t + 1.0 + dyn + comp, "INFO", "backends.py:278",
+                 f"Compiling a graph for compile range (1, {nbt}) takes {comp:.2f} s")
+        rank_log(t + 1.0 + dyn + comp, "INFO", "monitor.py:34", f"torch.compile takes {dyn + comp:.2f} s in total")
         t += 2.0 + dyn + comp
     overhead = spec.overhead_gib if spec else 2.0
     kv = args.gmu * CUDA_TOTAL_GIB - w_node - overhead
@@ -629,13 +877,15 @@ def _plan_serve(
     if kv <= 0:
         msg = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
                "when initializing the engine.")
-        return engine_failed(t, [(f"{PY}/vllm/v1/engine/core.py", 214, "_initialize_kv_caches",
-                                  "kv_cache_configs = get_kv_cache_configs(")], msg, "oom", lead)
+        return rank_failed(t, node, span_nodes[0][1], 0, [(f"{PY}/vllm/v1/engine/core.py", 214,
+                                                           "_initialize_kv_caches",
+                                                           "kv_cache_configs = get_kv_cache_configs(")],
+                           msg, "oom")
     tokens_per_gib = (spec.kv_tokens_per_gib if spec else 8000.0) * args.tp
     if args.kv_cache_dtype == "fp8":
         tokens_per_gib *= 2
     tokens = int(kv * tokens_per_gib) // 16 * 16
-    sc.log(t, lead, "INFO", "gpu_worker.py:436", f"Available KV cache memory: {gib(kv)} GiB")
+    rank_log(t, "INFO", "gpu_worker.py:436", f"Available KV cache memory: {gib(kv)} GiB")
     if tokens < mml:
         need = mml / tokens_per_gib
         est = tokens // 16 * 16
@@ -645,8 +895,8 @@ def _plan_serve(
                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
         return engine_failed(t, [(f"{PY}/vllm/v1/core/kv_cache_utils.py", 686, "check_enough_kv_cache_memory",
                                   "raise ValueError(")], msg, "oom", lead)
-    sc.log(t, lead, "INFO", "kv_cache_utils.py:1319", f"GPU KV cache size: {tokens:,} tokens")
-    sc.log(t, lead, "INFO", "kv_cache_utils.py:1324",
+    sc.log(t, core if native else lead, "INFO", "kv_cache_utils.py:1319", f"GPU KV cache size: {tokens:,} tokens")
+    sc.log(t, core if native else lead, "INFO", "kv_cache_utils.py:1324",
            f"Maximum concurrency for {mml:,} tokens per request: {tokens / mml:.2f}x")
     graphs = 0.0 if args.enforce_eager else 1.0
     final = (w_node + kv + graphs + 0.87) * GIB
@@ -655,8 +905,8 @@ def _plan_serve(
     if not args.enforce_eager:
         sc.raw(t + 4.6, tqdm_bar("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", 51, 51, 4.6))
         sc.raw(t + 22.9, tqdm_bar("Capturing CUDA graphs (decode, FULL)", 35, 35, 18.3))
-        sc.log(t + 23.3, lead, "INFO", "gpu_model_runner.py:4587", "Graph capturing finished in 24 secs, took "
-               "1.00 GiB")
+        rank_log(t + 23.3, "INFO", "gpu_model_runner.py:4587", "Graph capturing finished in 24 secs, took "
+                 "1.00 GiB")
         for hd in run.holders:
             hd.curve.points.append((t0 + t + 23.3, final))
         t += 23.3
@@ -739,7 +989,9 @@ def worker_lost(cluster: SimCluster, run: EngineRun, node: str, t_lost: float) -
                                                                              f"ip={n.fast_ip}) ")
 
     lost_rank = run.nodes.index(node)
-    if run.nccl_at is None or t_lost < run.nccl_at:
+    if run.native:
+        end = _native_worker_lost(cluster, sc, run, node, lost_rank, t_lost)
+    elif run.nccl_at is None or t_lost < run.nccl_at:
         # the rendezvous: rank 0 hosts the TCPStore and waits for the lost rank to join
         t_fail = max(t_lost, run.started) + 601.0
         sc.log(t_fail - 0.2, wrapper(0), "ERROR", "worker_base.py:620", "Error executing method 'init_device'. "
@@ -757,33 +1009,8 @@ def worker_lost(cluster: SimCluster, run: EngineRun, node: str, t_lost: float) -
                "Failed core proc(s): {}")
         end = t_fail + 0.6
     else:
-        t_op = t_lost + 0.05 + 1.5 * _hash01("op", run.started, t_lost)
-        ran_ms = NCCL_TIMEOUT_MS + stable_int(5, 95, "ran", run.started, t_lost)
-        t_fail = t_op + ran_ms / 1000.0
-        busy = max(0.0, t_lost - run.nccl_at)
-        seq = 31 + stable_int(0, 20, "seq", run.started) + int(busy * 3.0)
-        numel = 3072 * stable_int(1, 64, "numel", run.started, t_lost)
-        work = (f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, "
-                f"Timeout(ms)={NCCL_TIMEOUT_MS}) ran for {ran_ms} milliseconds before timing out.")
         order = [lost_rank] + [r for r in range(run.tp) if r != lost_rank]
-        for k, rank in enumerate(order):
-            dt = t_fail + 0.001 * k
-            pg = f"[PG ID 2 PG GUID 3 Rank {rank}]"
-            msgs = [
-                f"ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog caught collective operation timeout: {work}",
-                f"ProcessGroupNCCL.cpp:1785] {pg} Exception (either an error or timeout) detected by watchdog at "
-                f"work: {seq}, last enqueued NCCL work: {seq + 27}, last completed NCCL work: {seq - 1}.",
-                f"ProcessGroupNCCL.cpp:1834] {pg} Timeout at NCCL work: {seq}, last enqueued NCCL work: {seq + 27}, "
-                f"last completed NCCL work: {seq - 1}.",
-                f"ProcessGroupNCCL.cpp:630] [Rank {rank}] Some NCCL operations have failed or timed out. Due to the "
-                "asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete "
-                "data.",
-                f"ProcessGroupNCCL.cpp:636] [Rank {rank}] To avoid data inconsistency, we are taking the entire "
-                "process down.",
-            ]
-            for j, msg in enumerate(msgs):
-                stamp_t = dt + 0.000021 * j + 0.0000007 * (j * j)
-                sc.raw(dt, f"{wrapper(rank)}[rank{rank}]:[{_glog(cluster, stamp_t)} {msg}")
+        t_fail = _watchdog(cluster, sc, run, order, t_lost, wrapper)
         lost = cluster.node(node)
         actor = stable_hex(32, "actor", run.started, node)
         t_dead = t_fail + 2.4
@@ -823,6 +1050,91 @@ def worker_lost(cluster: SimCluster, run: EngineRun, node: str, t_lost: float) -
         if h.curve.end is None or h.curve.end > end:
             h.curve.end = end
     return True
+
+
+def _native_worker_lost(cluster: SimCluster, sc: _Script, run: EngineRun, node: str, lost_rank: int,
+                        t_lost: float) -> float:
+    """:func:`worker_lost` for a native multi-node run: the head's own worker (``Worker_TP0``)
+    times out; its executor shuts down. Returns when the head's processes are gone."""
+    api = f"(APIServer pid={run.pid_api}) "
+    core = f"(EngineCore_DP0 pid={run.pid_core}) "
+
+    def w(rank: int) -> str:
+        return f"(Worker_TP{rank} pid={run.rank_pids[rank]}) "
+
+    lines = run.peer_lines.get(node)
+    if lines is not None:
+        lines[:] = [ln for ln in lines if ln.t <= t_lost]
+    if run.peer_end.get(node) is None or run.peer_end[node] > t_lost:
+        run.peer_end[node] = t_lost
+    if run.nccl_at is None or t_lost < run.nccl_at:
+        t_fail = max(t_lost, run.rendezvous_at or run.started) + RENDEZVOUS_TIMEOUT_S
+        sc.log(t_fail, w(0), "ERROR", "multiproc_executor.py:772", "WorkerProc failed to start.")
+        sc.traceback(t_fail, w(0), [*_WORKER_FRAMES, *_RENDEZVOUS_FRAMES],
+                     "torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. "
+                     f"{run.tp - 1}/{run.tp} clients joined.", level_src="multiproc_executor.py:772")
+        sc.log(t_fail + 0.3, core, "ERROR", "core.py:866", "EngineCore failed to start.")
+        sc.traceback(t_fail + 0.3, core, _MP_FRAMES, WORKERPROC_FAILED, level_src="core.py:866")
+        sc.raw(t_fail + 0.7, f"{api}RuntimeError: Engine core initialization failed. See root cause above. "
+               "Failed core proc(s): {}")
+        return t_fail + 0.9
+    t_fail = _watchdog(cluster, sc, run, [r for r in range(run.tp) if r != lost_rank], t_lost, w)
+    t_dead = t_fail + 0.8
+    sc.log(t_dead, core, "ERROR", "multiproc_executor.py:671", "Worker proc VllmWorker-0 died unexpectedly, "
+           "shutting down executor.")
+    sc.log(t_dead + 0.1, core, "ERROR", "core.py:933", "EngineCore encountered a fatal error.")
+    sc.traceback(t_dead + 0.1, core, [
+        (f"{PY}/vllm/v1/engine/core.py", 924, "run_engine_core", "engine_core.run_busy_loop()"),
+        (f"{PY}/vllm/v1/engine/core.py", 951, "run_busy_loop", "self._process_engine_step()"),
+        (f"{PY}/vllm/v1/engine/core.py", 984, "_process_engine_step", "outputs, model_executed = self.step_fn()"),
+        (f"{PY}/vllm/v1/executor/multiproc_executor.py", 338, "collective_rpc",
+         "raise RuntimeError(f\"Worker failed with error '{result}', please check the\""),
+    ], "RuntimeError: Worker failed with error 'NCCL communicator was aborted on rank 0.', please check the stack "
+       "trace above for the root cause", level_src="core.py:933")
+    sc.log(t_dead + 0.2, api, "ERROR", "async_llm.py:525", "AsyncLLM output_handler failed.")
+    sc.traceback(t_dead + 0.2, api, [
+        (f"{PY}/vllm/v1/engine/async_llm.py", 477, "output_handler", "outputs = await engine_core.get_output_async()"),
+        (f"{PY}/vllm/v1/engine/core_client.py", 894, "get_output_async", "raise self._format_exception(outputs) "
+         "from None"),
+    ], "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the "
+       "root cause.", level_src="async_llm.py:525")
+    for i, text in enumerate(("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.",
+                              f"Finished server process [{run.pid_api}]")):
+        sc.raw(t_dead + 0.5 + 0.01 * i, f"{api}INFO:     {text}")
+    return t_dead + 0.6
+
+
+def _watchdog(cluster: SimCluster, sc: _Script, run: EngineRun, ranks: list[int], t_lost: float,
+              prefix) -> float:
+    """PyTorch's NCCL watchdog on ``ranks`` (in that order) for the collective that hung at
+    ``t_lost``; returns when it fired."""
+    t_op = t_lost + 0.05 + 1.5 * _hash01("op", run.started, t_lost)
+    ran_ms = NCCL_TIMEOUT_MS + stable_int(5, 95, "ran", run.started, t_lost)
+    t_fail = t_op + ran_ms / 1000.0
+    busy = max(0.0, t_lost - (run.nccl_at or t_lost))
+    seq = 31 + stable_int(0, 20, "seq", run.started) + int(busy * 3.0)
+    numel = 3072 * stable_int(1, 64, "numel", run.started, t_lost)
+    work = (f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, "
+            f"Timeout(ms)={NCCL_TIMEOUT_MS}) ran for {ran_ms} milliseconds before timing out.")
+    for k, rank in enumerate(ranks):
+        dt = t_fail + 0.001 * k
+        pg = f"[PG ID 2 PG GUID 3 Rank {rank}]"
+        msgs = [
+            f"ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog caught collective operation timeout: {work}",
+            f"ProcessGroupNCCL.cpp:1785] {pg} Exception (either an error or timeout) detected by watchdog at "
+            f"work: {seq}, last enqueued NCCL work: {seq + 27}, last completed NCCL work: {seq - 1}.",
+            f"ProcessGroupNCCL.cpp:1834] {pg} Timeout at NCCL work: {seq}, last enqueued NCCL work: {seq + 27}, "
+            f"last completed NCCL work: {seq - 1}.",
+            f"ProcessGroupNCCL.cpp:630] [Rank {rank}] Some NCCL operations have failed or timed out. Due to the "
+            "asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete "
+            "data.",
+            f"ProcessGroupNCCL.cpp:636] [Rank {rank}] To avoid data inconsistency, we are taking the entire "
+            "process down.",
+        ]
+        for j, msg in enumerate(msgs):
+            stamp_t = dt + 0.000021 * j + 0.0000007 * (j * j)
+            sc.raw(dt, f"{prefix(rank)}[rank{rank}]:[{_glog(cluster, stamp_t)} {msg}")
+    return t_fail
 
 
 def _prefix(core: str, n: SimNode, driver: SimNode, pid: int, tp: int) -> str:
@@ -888,6 +1200,35 @@ def models_json(run: EngineRun, created: int) -> str:
                         "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
                         "allow_view": True, "allow_fine_tuning": False, "organization": "*", "group": None,
                         "is_blocking": False}]}]}, separators=(",", ":"))
+
+
+# single-stream decode rates (tokens/s, one request) by model and TP size: the 122B FP8 at TP=2 as
+# measured on two Sparks (bjk110 vllm-spark: c=1 31.5 tok/s, TTFT 1,989 ms); others plausible
+DECODE_TOK_S: dict[str, dict[int, float]] = {
+    "Qwen/Qwen3.5-122B-A10B-FP8": {2: 31.5, 1: 29.0},
+    "GadflyII/GLM-4.7-Flash-NVFP4": {1: 48.0, 2: 52.0},
+}
+PREFILL_TOK_S = 1500.0  # prompt tokens/s (prefill), after a fixed scheduling latency
+FIRST_TOKEN_S = 0.12
+
+
+def decode_rate(run: EngineRun) -> float:
+    rates = DECODE_TOK_S.get(run.model)
+    if not rates:
+        return 40.0
+    return rates.get(run.tp) or rates[min(rates, key=lambda k: abs(k - run.tp))]
+
+
+def chat_seconds(run: EngineRun, answer: str) -> float:
+    """How long a chat completion takes in sim time: the prompt (prefill), then the completion's
+    tokens one after the other at :func:`decode_rate` (so a client timing it sees that rate)."""
+    try:
+        usage = json.loads(answer).get("usage") or {}
+    except (json.JSONDecodeError, AttributeError):
+        return 0.0
+    ptoks = int(usage.get("prompt_tokens") or 0)
+    ctoks = int(usage.get("completion_tokens") or 0)
+    return FIRST_TOKEN_S + ptoks / PREFILL_TOK_S + ctoks / decode_rate(run)
 
 
 def chat_json(run: EngineRun, body: str, created: int) -> tuple[str, bool]:

@@ -268,6 +268,12 @@ class DockerTools:
             cand += [ln.t for ln in ct.engine.lines if ln.t > after]
             if ct.engine.failed_at is not None and ct.engine.failed_at > after:
                 cand.append(ct.engine.failed_at)
+        run = ct.headless.run if ct.headless is not None else None
+        if run is not None:
+            cand += [ln.t for ln in run.peer_lines.get(ct.node, ()) if ln.t > after]
+            end = run.peer_end.get(ct.node)
+            if end is not None and end > after:
+                cand.append(end)
         return min(cand) if cand else None
 
     def _fmt_log(self, ln: LogLine, stamps: bool) -> str:
@@ -301,8 +307,12 @@ class DockerTools:
         if ct.running(t):
             ct.stopped = t
             ct.exit_code = code
-            if ct.engine is not None:
+            if ct.engine is not None and ct.engine.native:
+                vllm_logs.head_stopped(self.cluster, ct.engine, t)  # the headless ranks hang, then die
+            elif ct.engine is not None:
                 ct.engine.stop(t)
+            if ct.headless is not None and ct.headless.run is not None:
+                vllm_logs.peer_stopped(self.cluster, ct.headless.run, ct.node, t)
             self._ray_leave_container(ct, t)
 
     def _ray_leave_container(self, ct: Container, t: float) -> None:
@@ -335,6 +345,7 @@ class DockerTools:
         old_lines = ct.log_lines(t)
         ct.log = old_lines
         ct.engine = None
+        ct.headless = None
         ct.started = t
         ct.stopped = None
         ct.exit_code = None
@@ -542,6 +553,16 @@ class DockerTools:
                                   "mode at 'https://huggingface.co/docs/transformers/installation#offline-mode'."))
             ct.stopped = t + 4.1
             ct.exit_code = 1
+            return None
+        if args.nnodes > 1 and (args.headless or args.node_rank > 0):
+            # a native multi-node rank > 0: its workers wait for the head (rank 0) at the rendezvous
+            lines, code = vllm_logs.plan_headless(self.cluster, self.node, ct, version, args, t)
+            ct.log.extend(lines)
+            if code is not None:
+                ct.stopped, ct.exit_code = lines[-1].t + 0.1, code
+                return None
+            ct.host_rss = int(1.6 * 1024**3)
+            vllm_logs.rank_joined(self.cluster, ct)
             return None
         ct.engine = vllm_logs.plan_serve(self.cluster, self.node, ct.name, version, args, t, pid_api=pid_api)
         ct.host_rss = int(2.4 * 1024**3)

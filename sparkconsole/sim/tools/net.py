@@ -2,7 +2,9 @@
 the path MTU, link down, lost node), ``ssh`` (to a node by name or address, ``-o BatchMode``,
 ``ConnectTimeout``), ``ss -ltnp`` (who holds each listening port) and ``curl`` (a local or remote
 vLLM server's ``/health``, ``/v1/models``, ``/v1/chat/completions``; the Hub's model and tree API
-on a node with internet; ``-s -S -f -o -w '%{http_code}' --max-time``).
+on a node with internet; ``-s -S -f -o -w '%{http_code}' --max-time``; a chat completion
+takes prefill plus its tokens at the model's decode rate of sim time, :func:`~sparkconsole.sim.
+vllm_logs.chat_seconds`).
 """
 
 from __future__ import annotations
@@ -324,7 +326,12 @@ class NetTools:
             await self.clock.sleep(0.18)
             status, body = _hub_answer(path, query)
         else:
-            r = await self._curl_local(host, port, path, method, data, error)
+            mt = opts.get("--max-time", opts.get("-m"))
+            try:
+                max_time = float(mt) if mt else None
+            except ValueError:
+                max_time = None
+            r = await self._curl_local(host, port, path, method, data, error, max_time)
             if isinstance(r, int):
                 return r
             status, body = r
@@ -338,7 +345,8 @@ class NetTools:
             io.out(_write_out(write_out, status))
         return 0
 
-    async def _curl_local(self, host: str, port: int, path: str, method: str, data: str | None, error):
+    async def _curl_local(self, host: str, port: int, path: str, method: str, data: str | None, error,
+                          max_time: float | None = None):
         node = self.node if host in ("localhost", "127.0.0.1", "0.0.0.0") else self._resolve(host)
         run = self.cluster.engine_on_port(node.name, port, self.now()) if node else None
         if run is None:
@@ -359,6 +367,15 @@ class NetTools:
         elif path == "/v1/chat/completions" and method == "POST":
             body, ok = vllm_logs.chat_json(run, data or "", created)
             status = "200 OK" if ok else "400 Bad Request"
+            if ok:  # prefill, then one token after the other: the answer comes when the last is decoded
+                took = vllm_logs.chat_seconds(run, body)
+                if max_time is not None and took > max_time:
+                    await self.clock.sleep(max_time)
+                    return error(28, f"Operation timed out after {int(max_time * 1000)} milliseconds with 0 bytes "
+                                     "received")
+                await self.clock.sleep(took)
+                if node is None or self.cluster.engine_on_port(node.name, port, self.now()) is not run:
+                    return error(52, "Empty reply from server")
         else:
             body = '{"detail":"Not Found"}'
             status = "404 Not Found"
