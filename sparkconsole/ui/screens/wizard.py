@@ -437,7 +437,7 @@ class WizardScreen(LiveScreen):
                         style="bold red")
         demo = getattr(app, "demo", None)
         if demo is not None:
-            text.append(f"   demo: sim time x{demo.speed:g}", style="dim")
+            text.append("   " + f"demo: sim time x{demo.speed:g}".replace(" ", "\u00a0"), style="dim")  # one piece
         if self.until:
             text.append(f"   stops after {self.until}", style="dim")
         return text
