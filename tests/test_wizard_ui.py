@@ -98,6 +98,16 @@ async def wait_for(pilot, app, cond, what: str, timeout: float = LIVE_DEADLINE) 
         await pilot.pause(0.05)
 
 
+async def stop_polling(pilot, app) -> None:
+    """Let the last polls end while the screens are still there (a poll that ends during the app's
+    shutdown finds no screen to draw on: app._show_node raises ScreenStackError)."""
+    app.autopoll = False
+    for timer in app._poll_timers.values():
+        timer.stop()
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
 def used_gib(panel: NodePanel) -> float | None:
     m = re.search(r"memory ([\d.]+) / [\d.]+ GiB used", panel.plain_text(60))
     return float(m.group(1)) if m else None
@@ -201,6 +211,7 @@ async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
         saved = StateStore().load(wizard.state.id)
         assert saved.result == "served"
         assert saved.answers["cluster.executor"] == "ray"
+        await stop_polling(pilot, app)
 
 
 async def test_an_answer_other_than_the_recommendation_is_the_operators(tmp_path):
@@ -228,6 +239,7 @@ async def test_an_answer_other_than_the_recommendation_is_the_operators(tmp_path
         assert "native (operator; recommended ray)" in body
         assert wizard.run.view("cluster").state == "done" and wizard.run.view("serve").state == "pending"
         assert StateStore().load(wizard.state.id).answers["cluster.executor"] == "native"
+        await stop_polling(pilot, app)
 
 
 # ---- Pilot: the real flow on a frozen clock ----------------------------------------------------
