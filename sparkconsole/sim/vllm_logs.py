@@ -24,7 +24,20 @@ Every line is built from the format strings of the real vLLM release the image c
   allocate ...`` at the exact moment the loaded weights reach what was free; TP>1 without a Ray
   cluster holding enough GPUs waits for a placement group (``Waiting for creating a placement
   group of specs for N seconds``) and gives up after 1800 s; a taken port fails with
-  ``OSError: [Errno 98] Address already in use``.
+  ``OSError: [Errno 98] Address already in use``;
+* native multi-node (``--nnodes N --node-rank R --master-addr A --master-port P``, no Ray, as vLLM
+  >= 0.11 runs it): a ``--headless`` rank logs ``Launching vLLM (vX) headless multiproc executor,
+  with head node address A:P ...`` and its ``(Worker_TP1 pid=N)`` waits at the rendezvous for as
+  long as it takes (:func:`plan_headless`); the head (rank 0) hosts the TCPStore at A:P and forms
+  the group with the ranks that reach it over the fast link within 600 s (a rank starting after
+  the head re-plans it: :func:`rank_joined`), else ``torch.distributed.DistStoreError: Timed out
+  after 601 seconds waiting for clients. 1/2 clients joined.``; then the same load as the Ray
+  TP=2 run, each rank's worker lines (``(Worker_TP0 pid=N)`` on the head, ``(Worker_TP1 pid=M)``
+  on the worker) in its own container's log (``EngineRun.peer_lines``) and its memory on its own
+  node. Stopping the worker's container: the head hangs on NCCL and dies by the watchdog
+  (:func:`worker_lost`); stopping the head: the worker hangs the same way (:func:`head_stopped`).
+* chat completions take prefill plus ``completion_tokens / rate`` of sim time
+  (:data:`DECODE_TOK_S`, :func:`chat_seconds`).
 
 :func:`plan_serve` turns one ``vllm serve`` command into an :class:`~sparkconsole.sim.model.
 EngineRun`: its timed lines, the memory curves of its processes on every node it spans, and

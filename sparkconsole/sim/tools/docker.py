@@ -8,7 +8,8 @@ writes through the bind mount, here the node's own file system), ``inspect [-f T
 ``pull`` (internet only) and ``save | ssh HOST docker load``.
 
 What a container runs: ``vllm serve`` / ``python3 -m vllm.entrypoints.openai.api_server``: the
-engine run of :mod:`sparkconsole.sim.vllm_logs`; ``ray start``: a Ray member; ``python3 -m
+engine run of :mod:`sparkconsole.sim.vllm_logs` (``--nnodes`` with ``--headless``/``--node-rank`` > 0:
+a rank that waits for its head, whose run then writes this container's lines); ``ray start``: a Ray member; ``python3 -m
 sglang.launch_server``: :mod:`sparkconsole.sim.sglang`; ``python3 -c PROGRAM``: the engine check
 (:func:`sparkconsole.sim.sglang.engine_check` answers from the image catalogue).
 """
