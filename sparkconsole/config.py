@@ -69,6 +69,7 @@ class ClusterConfig:
     keymap: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     source: str | None = None  # the file it came from, if any
     local: bool = False  # probe this machine itself, no SSH
+    time_scale: float = 1.0  # node seconds per wall second: only a simulated cluster runs faster
 
     @property
     def head(self) -> NodeConfig | None:
@@ -222,6 +223,9 @@ def parse_config(text: str, source: str = "<config>") -> ClusterConfig:
     name = cluster.get("name", "cluster")
     if not isinstance(name, str):
         raise ConfigError(f"{_where(source, text, 'name')}: key 'name' must be a string")
+    scale = cluster.get("time_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale <= 1000:
+        raise ConfigError(f"{_where(source, text, 'time_scale')}: key 'time_scale' must be a number in (0, 1000]")
     return ClusterConfig(
         nodes=tuple(nodes),
         name=name,
@@ -229,6 +233,7 @@ def parse_config(text: str, source: str = "<config>") -> ClusterConfig:
         services=tuple(services),
         keymap=MappingProxyType(dict(keymap)),
         source=source,
+        time_scale=float(scale),
     )
 
 

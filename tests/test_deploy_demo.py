@@ -98,17 +98,38 @@ def steps(events: list[dict]) -> dict[str, str]:
     return out
 
 
+def d_answer(events: list[dict], ident: str) -> str:
+    return decisions(events)[ident]["answer"]
+
+
 def decisions(events: list[dict]) -> dict[str, dict]:
     return {e["id"]: e for e in events if e["event"] == "decision"}
 
 
-def test_story_by_auto_meets_the_decisions_and_serves(tmp_path):
+def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tears_down(tmp_path):
     state = tmp_path / "state"
     with demo_cluster(tmp_path) as demo:
         token = ssh(demo["spark-1a32"], "cat /root/.cache/huggingface/token").strip()
         assert token.startswith("hf_")
         rc, events, err = deploy(state, "--config", demo["config"], "--auto")
-    assert rc == 0, (err, events[-3:])
+        assert rc == 0, (err, events[-3:])
+        # run again: everything is already true, so nothing changes a node
+        rc2, again, err2 = deploy(state, "--config", demo["config"], "--auto")
+        assert rc2 == 0, (err2, again[-3:])
+        assert not [e for e in again if e["event"] == "command" and e["mutating"]]
+        assert steps(again)["serve"] == "skipped" and steps(again)["weights"] == "skipped"
+        # teardown of the first: exactly what it started goes, the services it stopped come back
+        first = next(e for e in events if e["event"] == "result")
+        dep_id = sorted(p.stem for p in (state / "deployments").glob("*.json"))[0]
+        rc3, down, err3 = deploy(state, "--config", demo["config"], "--teardown", dep_id, "--auto")
+        assert rc3 == 0, (err3, down[-3:])
+        removed = [e["command"] for e in down if e["event"] == "command" and e["mutating"] and e["rc"] == 0]
+        assert any(c.startswith("docker rm -f sparkconsole-ray-") for c in removed)
+        assert {c for c in removed if c.startswith("docker start")} == {
+            f"docker start {s.split(':', 1)[1]}" for s in d_answer(events, "free-memory.stop").split(",")}
+        ps = ssh(demo["spark-1a32"], "docker ps --format '{{.Names}}'")
+        assert "sparkconsole-" not in ps and "vllm-glm" in ps
+        assert first["ok"]
     result = events[-1]
     assert result["event"] == "result" and result["ok"] and result["endpoint"].endswith(":8000/v1")
     assert set(steps(events).values()) <= {"done", "skipped"} and len(steps(events)) == 11

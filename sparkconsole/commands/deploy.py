@@ -204,14 +204,19 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
         options = Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
                           tp=args.tp, max_model_len=args.max_model_len)
         state = None
-    speed = args.speed if getattr(args, "demo", False) else 1.0
-    async with open_cluster(args, demo_speed=speed) as config:
+    async with open_cluster(args, demo_speed=args.speed) as config:
+        speed = args.speed if getattr(args, "demo", False) else config.time_scale
         if state is None:
+            earlier = None if getattr(args, "demo", False) else store.latest_for(config.name)
+            if earlier is not None and earlier.model == options.model and earlier.result != "torn-down" \
+                    and not args.json:
+                print(f"note: deployment {earlier.id} ({earlier.result or 'unfinished'}) of this model exists on "
+                      f"this cluster: `--resume {earlier.id}` continues it, `--teardown {earlier.id}` removes it")
             state = DeploymentState.new(options.model, options.to_json(), config.name)
         for k, v in presets.items():
             state.answers[k] = v
-        if args.json is False and getattr(args, "demo", False):
-            print(f"demo cluster '{args.scenario}': simulated time runs x{speed:g} faster than the wall clock")
+        if not args.json and speed != 1.0:
+            print(f"simulated cluster: its time runs x{speed:g} faster than the wall clock (waits and rates follow)")
         transports = {n.name: make_transport(n, local=config.local) for n in config.nodes}
         settings = Settings(poll_s=0.5 if speed > 1 else 2.0, speed=speed)
         confirm = _confirm(args, printer)

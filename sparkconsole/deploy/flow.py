@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -433,7 +434,7 @@ class Engine(Step):
         if ef.error or not ef.knows(arch):
             self.r.forget("engine.image")
             why = (f"its Python could not be run ({ef.error})" if ef.error else
-                   f"its vLLM {ef.vllm or '-'} does not register {arch}")
+                   f"its {f.engine} ({ef.vllm or ef.versions.get('sglang') or '-'}) does not register {arch}")
             raise StepFailed(f"{img}: {why}", "choose another image: --resume and answer engine.image, or --image IMG")
         ident = next((i.id for x in f.facts.values() for i in x.images if normalize_image(i.ref) == normalize_image(img)),
                      "")
@@ -685,7 +686,8 @@ class Images(Step):
                 if not res.ok:
                     raise StepFailed(f"{n}: docker pull failed: {res.stderr.strip()[-300:]}")
                 return
-            job = await self.r.start_job(have[0], f"image-copy-{n}", image_copy(self.f.image, self.f.user_at(n)),
+            key = f"image-copy-{n}-{hashlib.sha256(self.f.image.encode()).hexdigest()[:8]}"  # one job per image
+            job = await self.r.start_job(have[0], key, image_copy(self.f.image, self.f.user_at(n)),
                                          self.f.job_dir(have[0]))
             self.r.progress(n, "image", None, f"docker save | ssh {n} docker load")
             rc = await self.r.wait_job(job)
@@ -1050,7 +1052,6 @@ class Serve(Step):
         answer = await self.r.decide(d)
         self.r.forget("serve.failure")
         await self._remove_started()
-        self.r.state.steps["serve-attempt"] = str(int(self.r.state.steps.get("serve-attempt", "1")) + 1)
         if answer == "shorter":
             self.f.put("max_model_len_override", max(4096, int(self.f.get("max_model_len") or 65536) // 2))
             self.f.put("gmu_override", 0.80)
@@ -1063,16 +1064,22 @@ class Serve(Step):
         raise StepFailed(f"the engine failed ({kind}): {proof[:200]}", rep.advice or "read the log")
 
     async def _hung(self, idle: float) -> None:
+        waits = int(self.f.get("hang_waits") or 0)
+        rec = "vllm" if self.f.engine == "sglang" else "wait" if waits < 2 else "stop"
+        why = ("SGLang's two-node NCCL start on GB10 stalls after 'CustomAllreduce is disabled'; vLLM over Ray "
+               "worked in the same setup" if self.f.engine == "sglang" else
+               "a cold start compiles kernels and can be quiet for long" if rec == "wait" else
+               f"no progress after waiting {waits} times: read the engine's log")
+        options = [Option("wait", "wait longer", "a cold start can be slow"), Option("stop", "stop here", "")]
+        if self.f.engine == "sglang":
+            options.insert(0, Option("vllm", "back to vLLM with Ray", "vLLM over Ray worked in the same setup"))
         d = Decision("serve.hang", self.id, "No progress: the start looks hung",
                      (f"no new log line for {idle:.0f} s ({self.f.engine}, {len(self.f.nodes)} nodes)",),
-                     (Option("vllm", "back to vLLM with Ray", "vLLM over Ray worked in the same setup"),
-                      Option("wait", "wait longer", "a cold start can be slow"),
-                      Option("stop", "stop here", "")),
-                     "vllm" if self.f.engine == "sglang" else "wait",
-                     "SGLang's two-node NCCL start on GB10 stalls after 'CustomAllreduce is disabled'")
+                     tuple(options), rec, why)
         answer = await self.r.decide(d)
         self.r.forget("serve.hang")
         if answer == "wait":
+            self.f.put("hang_waits", waits + 1)
             return await self._follow()
         await self._remove_started()
         if answer == "vllm":
@@ -1087,7 +1094,10 @@ class Serve(Step):
                          "a cold start can take long: --resume keeps waiting (VLLM_ENGINE_READY_TIMEOUT_S is 3600)")
 
     async def _remove_started(self) -> None:
-        names = [s for s in self.r.state.started if "ray" not in s.name]
+        """Remove the engine containers this attempt started (the Ray cluster stays) and count the
+        attempt, so the next start is a new command and not one 'done before'."""
+        self.r.state.steps["serve-attempt"] = str(int(self.r.state.steps.get("serve-attempt", "1")) + 1)
+        names = [s for s in self.r.state.started if "-ray-" not in s.name]
         for s in names:
             await self.r.change(s.node, docker_rm_force(s.name))
             self.r.state.started.remove(s)
@@ -1150,6 +1160,7 @@ class Teardown:
 
     flow: Flow
     restored: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
 
     async def run(self) -> None:
         r = self.flow.r
@@ -1177,6 +1188,9 @@ class Teardown:
                          (Option("yes", "start them again", "they ran before the deployment"),
                           Option("no", "leave them stopped", "")), "yes", "put the nodes back as they were")
             if await r.decide(d) == "yes":
+                # the page cache the model's weights left would fail the services' own start-up memory check
+                for n in dict.fromkeys(s.node for s in r.state.stopped):
+                    await r.change(n, drop_caches())
                 for s in list(r.state.stopped):
                     cmd = (docker_action("start", s.name) if s.kind == "container"
                            else systemctl_action("start", s.name))
@@ -1185,6 +1199,14 @@ class Teardown:
                         self.restored.append(f"{s.node}:{s.name}")
                         r.state.stopped.remove(s)
                         r.save()
+                await asyncio.sleep(20 / r.settings.speed)  # a vLLM start fails its memory check within seconds
+                for item in self.restored:
+                    n, name = item.split(":", 1)
+                    st = await r.read(n, container_state(name), timeout=30)
+                    if st.ok and st.stdout.strip() != "running":
+                        self.failed.append(item)
+                        r.note(f"{name} did not stay up after its start ({st.stdout.strip()}): read its log "
+                               f"(docker logs {name})", "error", node=n)
         r.state.result = "torn-down"
         r.state.endpoint = None
         r.set_step("teardown", "done")

@@ -131,4 +131,6 @@ async def run_teardown(flow: Flow) -> Outcome:
     except DecisionStop as stop:
         return Outcome(False, ResultEvent(False, None, f"decision {stop.decision.id} needs an answer"), "teardown")
     msg = "removed what this deployment started" + (f"; started again: {', '.join(td.restored)}" if td.restored else "")
-    return Outcome(True, ResultEvent(True, None, msg), None)
+    if td.failed:
+        msg += f"; did not stay up: {', '.join(td.failed)} (see their logs)"
+    return Outcome(not td.failed, ResultEvent(not td.failed, None, msg), None)

@@ -476,9 +476,20 @@ def _cmd_display(ct: Container) -> str:
     return s if len(s) <= 22 else s[:21] + "…\""
 
 
+def _listed(c: SimCluster, node: str) -> list:
+    """The containers docker lists: not the engine a ``docker exec`` runs inside one (it is a process
+    of that container, kept as a pseudo-container named ``NAME#exec`` by the model)."""
+    return [ct for ct in reversed(c.containers_on(node)) if ct.network != "exec"]
+
+
+def _exec_rss(c: SimCluster, parent, t: float) -> int:
+    return sum(x.host_rss for x in c.containers_on(parent.node)
+               if x.network == "exec" and x.name.split("#")[0] == parent.name and x.running(t))
+
+
 def docker_ps_json(c: SimCluster, node: str, t: float, all_: bool = True) -> str:
     lines = []
-    for ct in reversed(c.containers_on(node)):
+    for ct in _listed(c, node):
         st = ct.state(t)
         if not all_ and st != "running":
             continue
@@ -495,7 +506,7 @@ def docker_ps_json(c: SimCluster, node: str, t: float, all_: bool = True) -> str
 
 def docker_ps_table(c: SimCluster, node: str, t: float, all_: bool = False) -> str:
     rows = [("CONTAINER ID", "IMAGE", "COMMAND", "CREATED", "STATUS", "PORTS", "NAMES")]
-    for ct in reversed(c.containers_on(node)):
+    for ct in _listed(c, node):
         if not all_ and ct.state(t) != "running":
             continue
         rows.append((ct.id[:12], ct.image, _cmd_display(ct), f"{_ago(t - ct.created)} ago",
@@ -522,10 +533,10 @@ def _hsize(b: float, binary: bool = True) -> str:
 def docker_stats_json(c: SimCluster, node: str, t: float) -> str:
     m = c.memory(node, t)
     lines = []
-    for ct in reversed(c.containers_on(node)):
+    for ct in _listed(c, node):
         if not ct.running(t):
             continue
-        mem = ct.host_rss * (0.97 + 0.03 * (1 + _n(c, ct.name, t)) / 2)
+        mem = (ct.host_rss + _exec_rss(c, ct, t)) * (0.97 + 0.03 * (1 + _n(c, ct.name, t)) / 2)
         cpu = 0.4 + 98.0 * c.engine_activity(ct, node, t) + 0.3 * (1 + _n(c, ct.name + "c", t))
         net = (t - (ct.started or 0.0)) * 41_000
         d = {"BlockIO": f"{_hsize(2.1e9, False)} / {_hsize(3.4e6, False)}", "CPUPerc": f"{cpu:.2f}%",

@@ -269,6 +269,7 @@ class DemoCluster:
         c = self.config
         lines = ["# the simulated cluster started by `sparkconsole demo --serve` (valid while it runs)",
                  "[cluster]", f"name = {q(c.name)}", f"read_only = {'true' if c.read_only else 'false'}",
+                 f"time_scale = {self.sim.clock.speed:g}  # the simulated nodes' clock runs this much faster",
                  f"services = [{', '.join(q(s) for s in c.services)}]", ""]
         for n in c.nodes:
             lines += ["[[nodes]]", f"name = {q(n.name)}", f"host = {q(n.host)}", f"user = {q(n.user or DEMO_USER)}",
@@ -327,7 +328,8 @@ async def start_cluster(sim: SimCluster, workdir: str | os.PathLike[str] | None 
     kh = wd / "known_hosts"
     kh.write_text("\n".join(kh_lines) + "\n")
     config = ClusterConfig(nodes=tuple(nodes), name=f"demo-{sim.scenario}", read_only=read_only,
-                           services=("nvidia-dgx-dashboard", "ollama"), source="demo")
+                           services=("nvidia-dgx-dashboard", "ollama"), source="demo",
+                           time_scale=sim.clock.speed if not sim.clock.manual else 1.0)
     return DemoCluster(sim=sim, config=config, servers=servers, workdir=wd, key_path=key_path,
                        known_hosts_path=kh, _tmp=tmp)
 

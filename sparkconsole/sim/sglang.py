@@ -50,7 +50,9 @@ def engine_check(img: Image, program: str) -> str:
                            r"MaskedLM|Embedding))\b", program):
         if name not in archs:
             archs.append(name)
-    known = image_archs(img) if img.vllm_version else None  # no vLLM: its ModelRegistry cannot be imported
+    # the program asks vLLM's registry, and SGLang's when there is no vLLM (if it imports it)
+    asks_sglang = "sglang.srt.models.registry" in program
+    known = image_archs(img) if img.vllm_version or (img.sglang_version and asks_sglang) else None
     lines += [f"arch {a} {'-' if known is None else 'yes' if a in known else 'no'}" for a in archs]
     return "".join(ln + "\n" for ln in lines)
 
