@@ -558,7 +558,8 @@ class WizardScreen(LiveScreen):
         demo = getattr(self.app, "demo", None)
         if demo is not None:  # the runner's clock must be the sim's, or every timeout is off by `speed`
             return Settings(poll_s=DEMO_POLL_S, speed=float(demo.speed))
-        return Settings()
+        scale = float(getattr(self.app.config, "time_scale", 1.0))  # a running demo reached by --config
+        return Settings(poll_s=DEMO_POLL_S, speed=scale) if scale != 1.0 else Settings()
 
     def _new_state(self) -> DeploymentState:
         config = self.app.config  # type: ignore[attr-defined]
