@@ -213,8 +213,6 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
                 print(f"note: deployment {earlier.id} ({earlier.result or 'unfinished'}) of this model exists on "
                       f"this cluster: `--resume {earlier.id}` continues it, `--teardown {earlier.id}` removes it")
             state = DeploymentState.new(options.model, options.to_json(), config.name)
-        for k, v in presets.items():
-            state.answers[k] = v
         if not args.json and speed != 1.0:
             print(f"simulated cluster: its time runs x{speed:g} faster than the wall clock (waits and rates follow)")
         transports = {n.name: make_transport(n, local=config.local) for n in config.nodes}

@@ -304,6 +304,14 @@ class Plan(Step):
         if not fp8.get("error") and tp_n > 1:
             options.append(Option(f"tp{tp_n}-fp8kv", f"TP={tp_n} with fp8 KV cache",
                                   f"{fp8['max_concurrency']:.1f}x concurrency (twice the tokens, slightly lower quality)"))
+        full = rows.get(tp_n) or {}
+        if tp_n > 1 and not full.get("error") and full.get("max_model_len", 0) > 32768:
+            short = max(32768, int(full["max_model_len"]) // 4)
+            alt = compare_tp(f.spec, dataclasses.replace(base, max_model_len=short), tps=(tp_n,))[0]
+            if not alt.get("error"):
+                options.append(Option(f"tp{tp_n}-ctx{short}", f"TP={tp_n} with --max-model-len {short:,}",
+                                      f"{alt['max_concurrency']:.1f}x concurrency: more requests at once, "
+                                      "shorter prompts"))
         options.append(Option("4bit", "a 4-bit variant on one Spark",
                               "an NVFP4/INT4 build of the model fits one node (other checkpoint; this run stops)"))
         fitting = [tp for tp, row in rows.items() if row.get("fits")]
@@ -319,6 +327,9 @@ class Plan(Step):
                              "run `sparkconsole deploy --model <the 4-bit repo> --tp 1` (e.g. an NVFP4 build)")
         tp = int(re.match(r"tp(\d+)", answer).group(1))  # type: ignore[union-attr]
         kv = "fp8" if answer.endswith("fp8kv") else "auto"
+        ctx = re.search(r"-ctx(\d+)$", answer)
+        if ctx:
+            base = dataclasses.replace(base, max_model_len=int(ctx.group(1)))
         chosen = compare_tp(f.spec, dataclasses.replace(base, kv_cache_dtype=kv), tps=(tp,))[0]
         f.put("tp", tp)
         f.put("plan_fits", bool(chosen.get("fits")))
