@@ -533,3 +533,34 @@ def test_corrupt_cache_is_a_clear_error(tmp_path):
     p.write_text('{"schema": 99}')
     with pytest.raises(UserError, match="spec cache"):
         load_spec("x/y")
+
+
+def test_pipeline_stages_split_the_layers_as_vllm_does_and_the_memory_with_them():
+    """PP when TP cannot divide the model: 3 Sparks cannot run Qwen3.5-122B at TP=3 (32 heads), but
+    three stages of 16 layers can; the stages' weights add up to the whole model's."""
+    from sparkconsole.planner.plan import PlanOptions, plan, pp_slices
+
+    # vLLM's get_pp_indices: equal parts, the remainder to the stages before the last
+    assert [len(r) for r in pp_slices(48, 3)] == [16, 16, 16]
+    assert [len(r) for r in pp_slices(94, 4)] == [23, 24, 24, 23]
+    assert [len(r) for r in pp_slices(10, 4)] == [2, 3, 3, 2] and pp_slices(10, 4)[-1].stop == 10
+    spec = load_spec("Qwen/Qwen3.5-122B-A10B-FP8")
+    with pytest.raises(UserError, match="--pp"):
+        plan(spec, PlanOptions(tp=3, nodes=3))
+    whole = plan(spec, PlanOptions(tp=1))
+    three = plan(spec, PlanOptions(tp=1, pp=3))
+    assert three.fits and not whole.fits and three.nodes == 3
+    # 12 full-attention layers, 4 per stage: a third of TP=1's KV per token on each node
+    assert three.layout.kv_bytes_per_token * 3 == whole.layout.kv_bytes_per_token
+    from sparkconsole.planner.plan import _stage_spec
+    from sparkconsole.planner.weights import estimate_weights
+
+    stages = [estimate_weights(_stage_spec(spec, r), 1, include_vision=False).bytes_per_rank
+              for r in pp_slices(48, 3)]
+    layer_bytes = sum(sum(v for k, v in st.items() if k not in ("embeddings", "lm_head", "norms")) for st in stages)
+    w = estimate_weights(spec, 1).bytes_per_rank
+    assert layer_bytes == pytest.approx(sum(v for k, v in w.items()
+                                            if k not in ("embeddings", "lm_head", "norms", "vision tower")), rel=1e-9)
+    # the first stage carries the embeddings and the vision tower, so it is the heaviest
+    assert three.weights_gib_per_node > whole.weights_gib_per_node / 3
+    assert "TP=1 x PP=3" in three.reasons[0]

@@ -55,7 +55,9 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
         "local model directory, or a config.json path. Exit 0 fits, 1 does not fit, 2 bad input.")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--tp", type=_pos_int, help="tensor-parallel size (default: --nodes, else 1)")
-    p.add_argument("--nodes", type=_pos_int, help="Sparks (one GPU each; default: TP)")
+    p.add_argument("--nodes", type=_pos_int, help="Sparks (one GPU each; default: TP x PP)")
+    p.add_argument("--pp", type=_pos_int, default=1,
+                   help="pipeline stages, for when TP cannot divide the model (default 1)")
     p.add_argument("--gpu-memory-utilization", type=_number, default=bud.DEFAULT_GMU, metavar="FRACTION",
                    help="fraction of node memory vLLM may use (default 0.85; warned above 0.85, refused "
                    "above 0.90 without --force)")
@@ -117,7 +119,7 @@ def _options(args: argparse.Namespace, live: LiveMemory | None = None) -> PlanOp
         node_mem = live.gib  # None: nothing read, the default stays (the notes say why)
         notes = tuple(live.notes(args.gpu_memory_utilization))
     return PlanOptions(
-        tp=args.tp, nodes=args.nodes, gpu_memory_utilization=args.gpu_memory_utilization,
+        tp=args.tp, nodes=args.nodes, pp=args.pp, gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len, kv_cache_dtype=args.kv_cache_dtype, kv_cache_gib=args.kv_cache_gib,
         node_memory_gib=node_mem, enable_prefix_caching=args.enable_prefix_caching,
         num_speculative_tokens=args.num_speculative_tokens, language_model_only=args.language_model_only,

@@ -30,7 +30,7 @@ from sparkconsole.deploy.recon import NodeFacts, facts_from_output, normalize_im
 from sparkconsole.deploy.runner import GoTo, Runner, StepFailed
 from sparkconsole.logs.vllm import VllmLogTracker
 from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
-from sparkconsole.planner.plan import PlanOptions, compare_tp
+from sparkconsole.planner.plan import PlanOptions, compare_tp, layout_row
 from sparkconsole.planner.spec import load_spec
 from sparkconsole.remote import (
     RemoteCommand,
@@ -126,7 +126,7 @@ class Flow:
     @property
     def nodes(self) -> list[str]:
         """The nodes this deployment spans: the head and as many workers as TP needs."""
-        n = int(self.get("tp") or self.o.tp or len(self.r.nodes))
+        n = int(self.get("tp") or self.o.tp or len(self.r.nodes)) * int(self.get("pp") or 1)
         names = [self.head] + [x.name for x in self.r.nodes if x.name != self.head]
         return names[:max(1, n)]
 
@@ -276,30 +276,36 @@ class Plan(Step):
         mml_ask = f.get("max_model_len_override") or f.o.max_model_len
         base = PlanOptions(node_memory_gib=node_gib, max_model_len=mml_ask, gpu_memory_utilization=gmu)
         tps = (1, f.o.tp) if f.o.tp and f.o.tp > 1 else (1, *[t for t in (2, 4, 8, 16, 32) if t <= n_nodes])
-        rows = {row["tp"]: row for row in compare_tp(f.spec, base, tps=tuple(dict.fromkeys(tps)))}
+        layouts = [(t, 1) for t in dict.fromkeys(tps)]
+        if n_nodes > 2 and layout_row(f.spec, base, n_nodes).get("error"):
+            layouts.append((1, n_nodes))  # TP cannot divide the model over every node: pipeline stages can
+        table = {(t, p): layout_row(f.spec, base, t, p) for t, p in layouts}
+        rows = {t: r for (t, p), r in table.items() if p == 1}
         multi = [t for t in rows if t > 1 and not rows[t].get("error")]
         tp_n = min((t for t in multi if rows[t]["fits"]), default=max(multi, default=1))
         measured = []
-        for tp, row in rows.items():
+        for (tp, pp), row in table.items():
+            name = f"TP={tp}" + (f" x PP={pp}" if pp > 1 else "")
             if row.get("error"):
-                measured.append(f"TP={tp}: {row['error']}")
+                measured.append(f"{name}: {row['error']}")
                 continue
             if row["kv_cache_gib_per_node"] <= 0:
-                measured.append(f"TP={tp}: {row['weights_gib_per_node']:.1f} GiB weights per node: more than the "
+                measured.append(f"{name}: {row['weights_gib_per_node']:.1f} GiB weights per node: more than the "
                                 f"node's budget ({gmu} of {node_gib:.2f} GiB): does not fit")
                 continue
-            measured.append(f"TP={tp}: {row['weights_gib_per_node']:.1f} GiB weights per node, "
+            measured.append(f"{name}: {row['weights_gib_per_node']:.1f} GiB weights per node, "
                             f"{row['kv_cache_gib_per_node']:.1f} GiB KV, {row['max_concurrency']:.1f}x "
                             f"concurrency at {row['max_model_len']:,} tokens: "
                             f"{'fits' if row['fits'] else 'does not fit'}")
         options = []
-        for tp, row in rows.items():
+        for (tp, pp), row in table.items():
             if row.get("error"):
                 continue
-            label = "one Spark" if tp == 1 else f"TP={tp} over {tp} Sparks"
+            label = ("one Spark" if tp * pp == 1 else f"TP={tp} over {tp} Sparks" if pp == 1 else
+                     f"PP={pp} pipeline stages over {tp * pp} Sparks")
             why = (f"{row['weights_gib_per_node']:.1f} GiB weights per node; "
                    + ("fits" if row["fits"] else "out of memory on loading (the single-node OOM risk)"))
-            options.append(Option(f"tp{tp}", label, why))
+            options.append(Option(f"tp{tp}" + (f"-pp{pp}" if pp > 1 else ""), label, why))
         fp8 = compare_tp(f.spec, dataclasses.replace(base, kv_cache_dtype="fp8"), tps=(tp_n,))[0]
         if not fp8.get("error") and tp_n > 1:
             options.append(Option(f"tp{tp_n}-fp8kv", f"TP={tp_n} with fp8 KV cache",
@@ -314,9 +320,11 @@ class Plan(Step):
                                       "shorter prompts"))
         options.append(Option("4bit", "a 4-bit variant on one Spark",
                               "an NVFP4/INT4 build of the model fits one node (other checkpoint; this run stops)"))
-        fitting = [tp for tp, row in rows.items() if row.get("fits")]
-        rec = f"tp{min(fitting)}" if fitting else "4bit"
-        why = ("the cheapest layout that fits: " + (f"TP={min(fitting)}" if fitting else "none fits as asked")
+        fitting = sorted((t * p, p, t) for (t, p), row in table.items() if row.get("fits"))
+        cheapest = fitting[0] if fitting else None
+        rec = (f"tp{cheapest[2]}" + (f"-pp{cheapest[1]}" if cheapest[1] > 1 else "")) if cheapest else "4bit"
+        why = ("the cheapest layout that fits: " + (f"TP={cheapest[2]}" + (f" x PP={cheapest[1]}" if cheapest[1] > 1
+                                                                         else "") if cheapest else "none fits as asked")
                + (f"; one Spark would run out of memory loading {rows[1]['weights_gib_per_node']:.0f} GiB"
                   if 1 in rows and not rows[1].get("fits") and not rows[1].get("error") else ""))
         d = Decision("plan.layout", self.id, "Single-node OOM risk: how to lay the model out",
@@ -325,13 +333,15 @@ class Plan(Step):
         if answer == "4bit":
             raise StepFailed("a 4-bit variant was chosen: that is another checkpoint",
                              "run `sparkconsole deploy --model <the 4-bit repo> --tp 1` (e.g. an NVFP4 build)")
-        tp = int(re.match(r"tp(\d+)", answer).group(1))  # type: ignore[union-attr]
+        m = re.match(r"tp(\d+)(?:-pp(\d+))?", answer)
+        tp, pp = int(m.group(1)), int(m.group(2) or 1)  # type: ignore[union-attr]
         kv = "fp8" if answer.endswith("fp8kv") else "auto"
         ctx = re.search(r"-ctx(\d+)$", answer)
         if ctx:
             base = dataclasses.replace(base, max_model_len=int(ctx.group(1)))
-        chosen = compare_tp(f.spec, dataclasses.replace(base, kv_cache_dtype=kv), tps=(tp,))[0]
+        chosen = layout_row(f.spec, dataclasses.replace(base, kv_cache_dtype=kv), tp, pp)
         f.put("tp", tp)
+        f.put("pp", pp)
         f.put("plan_fits", bool(chosen.get("fits")))
         f.put("kv_cache_dtype", kv)
         mml = int(chosen["max_model_len"])
@@ -346,7 +356,7 @@ class Plan(Step):
             self.r.note(f"launch needs {need[n] / GIB:.1f} GiB free (gmu {gmu} of {_cuda_total(facts[n]) / GIB:.2f} "
                         f"GiB); {c.available / GIB:.1f} GiB available now; must go: {what}"
                         + ("" if c.enough else " (and still short)"), node=n)
-        self.r.note(f"plan: TP={tp}, --max-model-len {mml:,}, --gpu-memory-utilization {gmu}, KV {kv}, "
+        self.r.note(f"plan: TP={tp}" + (f" x PP={pp}" if pp > 1 else "") + f", --max-model-len {mml:,}, --gpu-memory-utilization {gmu}, KV {kv}, "
                     f"{chosen['weights_gib_per_node']:.1f} GiB weights and {chosen['kv_cache_gib_per_node']:.1f} "
                     f"GiB KV per node, {chosen['max_concurrency']:.1f}x concurrency")
 
@@ -918,7 +928,9 @@ class Serve(Step):
 
     def _vllm_args(self) -> list[str]:
         f = self.f
+        pp = int(f.get("pp") or 1)
         args = [f.o.model, "--tensor-parallel-size", str(f.get("tp") or 1),
+                *(["--pipeline-parallel-size", str(pp)] if pp > 1 else []),
                 "--gpu-memory-utilization", str(f.get("gmu") or 0.85),
                 "--max-model-len", str(f.get("max_model_len") or 65536),
                 "--served-model-name", self.f.served_name, "--host", "0.0.0.0", "--port", str(f.o.port)]

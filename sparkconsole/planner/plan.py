@@ -49,6 +49,7 @@ def node_memory_from_cluster(cluster: Any = None, *, timeout: float = 20.0) -> f
 class PlanOptions:
     tp: int | None = None
     nodes: int | None = None
+    pp: int = 1  # pipeline stages: each holds a contiguous slice of the layers (nodes = TP x PP)
     gpu_memory_utilization: float = bud.DEFAULT_GMU
     max_model_len: int | None = None
     kv_cache_dtype: str = "auto"
@@ -118,7 +119,8 @@ def _finite(name: str, v: float | None, lo: float, hi: float) -> None:
 def _check_tp(spec: ModelSpec, tp: int) -> None:
     g = spec.geometry
     if g.num_heads % tp:
-        raise UserError(f"--tp {tp}: vLLM needs num_attention_heads ({g.num_heads}) divisible by TP")
+        raise UserError(f"--tp {tp}: vLLM needs num_attention_heads ({g.num_heads}) divisible by TP "
+                        "(pipeline stages, --pp N, split the layers instead)")
     if g.mla is None and g.n_full and g.num_kv_heads % tp and tp % g.num_kv_heads:
         raise UserError(f"--tp {tp}: num_key_value_heads ({g.num_kv_heads}) and TP must divide one another")
     for name, n in (("linear_num_key_heads", g.linear.k_heads if g.linear else 0),
@@ -133,10 +135,15 @@ def resolve(spec: ModelSpec, o: PlanOptions) -> tuple[int, int, int]:
     for name, v in (("--tp", o.tp), ("--nodes", o.nodes)):
         if v is not None and not 1 <= v <= _MAX_TP:
             raise UserError(f"{name} must be between 1 and {_MAX_TP}, got {v}")
-    tp = o.tp or o.nodes or 1
-    nodes = o.nodes or tp
-    if nodes != tp:
-        raise UserError(f"--nodes {nodes} with --tp {tp}: a Spark has one GPU, so nodes must equal TP")
+    if not 1 <= o.pp <= _MAX_TP:
+        raise UserError(f"--pp must be between 1 and {_MAX_TP}, got {o.pp}")
+    if o.pp > spec.geometry.num_layers:
+        raise UserError(f"--pp {o.pp}: the model has only {spec.geometry.num_layers} layers")
+    tp = o.tp or (o.nodes // o.pp if o.nodes else 1) or 1
+    nodes = o.nodes or tp * o.pp
+    if nodes != tp * o.pp:
+        raise UserError(f"--nodes {nodes} with --tp {tp} --pp {o.pp}: a Spark has one GPU, so nodes must equal "
+                        "TP x PP")
     _check_tp(spec, tp)
     limit = spec.geometry.max_position
     mml = o.max_model_len if o.max_model_len is not None else limit
@@ -156,8 +163,75 @@ def resolve(spec: ModelSpec, o: PlanOptions) -> tuple[int, int, int]:
     return tp, nodes, mml
 
 
+def pp_slices(num_layers: int, pp: int) -> list[range]:
+    """The layers of each pipeline stage, as vLLM's ``get_pp_indices`` splits them: equal parts, the
+    remainder given to the stages before the last (the first and last also hold embeddings/head)."""
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    out, start = [], 0
+    for n in sizes:
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def _stage_spec(spec: ModelSpec, layers: range) -> ModelSpec:
+    g = spec.geometry
+    geo = dataclasses.replace(g, num_layers=len(layers), layer_kinds=tuple(g.layer_kinds[i] for i in layers),
+                              moe_layers=tuple(g.moe_layers[i] for i in layers),
+                              mlp_layers=tuple(g.mlp_layers[i] for i in layers))
+    return dataclasses.replace(spec, geometry=geo, checkpoint=dataclasses.replace(spec.checkpoint, tensor_bytes=None,
+                                                                                  total_size=None))
+
+
+def _plan_pp(spec: ModelSpec, o: PlanOptions, explore: bool) -> PlanResult:
+    """Pipeline parallel: each stage planned on its own slice of the layers (the first stage also
+    holds the embeddings and the vision tower, the last the lm_head); vLLM sizes the KV cache per
+    worker and admits on the smallest, so the stage with the fewest blocks speaks for the plan."""
+    tp, _nodes, _mml = resolve(spec, o)
+    whole = estimate_weights(spec, tp, include_vision=not o.language_model_only,
+                             include_mtp=o.num_speculative_tokens > 0)
+    scale = whole.per_rank_bytes / max(1.0, sum(whole.bytes_per_rank.values()))  # exact sizes when known
+    slices = pp_slices(spec.geometry.num_layers, o.pp)
+    stages: list[PlanResult] = []
+    for k, layers in enumerate(slices):
+        sub = _stage_spec(spec, layers)
+        w = estimate_weights(sub, tp, include_vision=False, include_mtp=False)
+        per = dict(w.bytes_per_rank)
+        per.pop("embeddings", None)
+        per.pop("lm_head", None)
+        if k == 0:
+            per["embeddings"] = whole.bytes_per_rank.get("embeddings", 0.0)
+            per["vision tower"] = whole.bytes_per_rank.get("vision tower", 0.0)
+        if k == len(slices) - 1:
+            head = whole.bytes_per_rank.get("lm_head") or whole.bytes_per_rank.get("embeddings", 0.0)
+            per["lm_head"] = head
+        if o.num_speculative_tokens and k == len(slices) - 1:
+            per["MTP draft layers"] = whole.bytes_per_rank.get("MTP draft layers", 0.0)
+        r = _plan(sub, dataclasses.replace(o, pp=1, tp=tp, nodes=tp), weights_bytes=sum(per.values()) * scale,
+                  explore=False, weights_source=f"pipeline stage {k}: layers {layers.start}-{layers.stop - 1}")
+        stages.append(r)
+    limiting = min(stages, key=lambda r: (r.fits, r.capacity.num_blocks))
+    heaviest = max(stages, key=lambda r: r.weights_gib_per_node)
+    res = dataclasses.replace(limiting, nodes=tp * o.pp, fits=all(r.fits for r in stages))
+    res.model = spec.model
+    k = stages.index(limiting)
+    res.reasons = [f"{'fits' if res.fits else 'does not fit'} on {tp * o.pp} Sparks (TP={tp} x PP={o.pp}, "
+                   f"{len(slices[0])}-{max(len(x) for x in slices)} layers per stage)",
+                   f"the heaviest stage loads {heaviest.weights_gib_per_node:.2f} GiB; stage {k} (layers "
+                   f"{slices[k].start}-{slices[k].stop - 1}) has the fewest KV blocks and sets the concurrency",
+                   *limiting.reasons[1:]]
+    if not res.fits and explore:
+        res.ways_out = ["more stages or nodes, a shorter --max-model-len, fp8 KV, or a 4-bit variant"]
+        res.reasons.append(f"way out: {res.ways_out[0]}")
+    return res
+
+
 def _plan(spec: ModelSpec, o: PlanOptions, weights_bytes: float | None = None,
-          explore: bool = True) -> PlanResult:
+          explore: bool = True, weights_source: str = "4-bit estimate") -> PlanResult:
+    if o.pp > 1:
+        return _plan_pp(spec, o, explore)
     tp, nodes, mml = resolve(spec, o)
     warnings = bud.check_gmu(o.gpu_memory_utilization, o.force)
     geo = spec.geometry
@@ -165,7 +239,7 @@ def _plan(spec: ModelSpec, o: PlanOptions, weights_bytes: float | None = None,
     w = estimate_weights(spec, tp, include_vision=not o.language_model_only, include_mtp=spec_tokens > 0)
     mtp_loaded = spec_tokens > 0 and geo.mtp_layers > 0 and spec.checkpoint.has_mtp is not False
     if weights_bytes is not None:
-        w = dataclasses.replace(w, exact_per_rank=weights_bytes, source="4-bit estimate")
+        w = dataclasses.replace(w, exact_per_rank=weights_bytes, source=weights_source)
     layout = kv_layout(geo, tp, o.kv_cache_dtype, o.enable_prefix_caching, spec_tokens, mtp_loaded)
     node_mem = o.node_memory_gib if o.node_memory_gib is not None else bud.DEFAULT_NODE_MEMORY_GIB
     over = bud.estimate_overheads(tp, o.max_num_batched_tokens, o.activation_gib, o.non_torch_gib,
@@ -271,6 +345,13 @@ def _ways_out(spec: ModelSpec, o: PlanOptions, r: PlanResult) -> list[str]:
             ways.append(f"more nodes: --tp {tp} --nodes {tp} fits ({alt.weights_gib_per_node:.1f} GiB weights per "
                         f"node, {alt.max_concurrency:.1f}x concurrency at {alt.max_model_len:,} tokens)")
             break
+    if o.pp == 1 and not any(w.startswith("more nodes") for w in ways):
+        for pp in (2, 3, 4, 6, 8):  # when TP cannot divide the model (or does not fit): pipeline stages
+            alt = _try(spec, dataclasses.replace(o, tp=1, pp=pp, nodes=pp))
+            if alt and alt.fits:
+                ways.append(f"pipeline stages: --pp {pp} --nodes {pp} fits ({alt.weights_gib_per_node:.1f} GiB "
+                            f"weights on the heaviest node, {alt.max_concurrency:.1f}x concurrency)")
+                break
     if not weights_fit or r.tp > 1:
         four = four_bit_per_rank(spec, 1, include_vision=not o.language_model_only)
         alt = _try(spec, dataclasses.replace(o, tp=1, nodes=1), weights_bytes=four)
@@ -281,6 +362,18 @@ def _ways_out(spec: ModelSpec, o: PlanOptions, r: PlanResult) -> list[str]:
         ways.append("no single change found that makes it fit: lower --max-model-len, more nodes and a "
                     "4-bit variant together, or a smaller model")
     return ways
+
+
+def layout_row(spec: ModelSpec, options: PlanOptions, tp: int, pp: int = 1) -> dict[str, Any]:
+    """One row of a layout comparison (TP x PP), an error kept as a row (``error``)."""
+    try:
+        r = _plan(spec, dataclasses.replace(options, tp=tp, pp=pp, nodes=tp * pp), explore=False)
+    except UserError as exc:
+        return {"tp": tp, "pp": pp, "nodes": tp * pp, "fits": None, "error": exc.message}
+    row = r.to_json()
+    row.update(pp=pp, nodes=r.nodes, max_model_len=r.max_model_len, error=None, headline=r.reasons[0],
+               blocks_per_request=r.capacity.blocks_per_request)
+    return row
 
 
 def compare_tp(spec: ModelSpec, options: PlanOptions | None = None,
