@@ -20,13 +20,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.proc_support import line_reader
 
 ROOT = Path(__file__).resolve().parents[1]
 SSH = "/usr/bin/ssh"
@@ -55,18 +56,6 @@ def _env(tmp_path: Path) -> dict[str, str]:
 # --- demo --serve + OpenSSH --------------------------------------------------------------------
 
 
-def _line_reader(stream) -> queue.Queue[str | None]:
-    q: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        for line in stream:
-            q.put(line)
-        q.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return q
-
-
 SSH_LINE = re.compile(r"^\s*(?P<node>spark-[0-9a-z]+): (?P<cmd>ssh .*)$")
 
 
@@ -76,7 +65,7 @@ def test_demo_serve_is_reachable_with_the_printed_openssh_command_and_stops_on_c
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        lines = _line_reader(proc.stdout)
+        lines = line_reader(proc.stdout)
         printed: list[str] = []
         deadline = time.monotonic() + 20
         while not any(s.startswith("Try:") for s in printed):

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.proc_support import line_reader
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEED = "100"
@@ -39,18 +39,6 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "sparkconsole.cli", *args]
 
 
-def _reader(stream) -> queue.Queue[str | None]:
-    q: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        for line in stream:
-            q.put(line)
-        q.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return q
-
-
 @contextmanager
 def demo_cluster(tmp_path: Path, scenario: str = "story") -> Iterator[dict[str, str]]:
     """``demo --serve`` running; yields the inventory path and each node's printed ssh command."""
@@ -58,7 +46,7 @@ def demo_cluster(tmp_path: Path, scenario: str = "story") -> Iterator[dict[str, 
                             env=_env(tmp_path / "demo-state"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        lines = _reader(proc.stdout)
+        lines = line_reader(proc.stdout)
         found: dict[str, str] = {}
         deadline = time.monotonic() + 30
         while "config" not in found or len([k for k in found if k.startswith("spark-")]) < 2:
@@ -205,7 +193,7 @@ def test_killed_during_the_copy_resumes_without_downloading_again(tmp_path):
                                 env=_env(state), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True)
         first: list[dict] = []
-        lines = _reader(proc.stdout)
+        lines = line_reader(proc.stdout)
         try:
             while True:
                 line = lines.get(timeout=120)
