@@ -718,3 +718,123 @@ async def test_chat_takes_prefill_plus_tokens_at_the_decode_rate():
     # a --max-time shorter than the answer times out
     _, _, rc = await sh(c, HEAD, chat.replace("curl -s", "curl -s -m 0.5"), step=0.05)
     assert rc == 28
+
+
+# ---- pipeline parallelism over Ray (TP x PP ranks, one per Spark) ------------------------------
+
+THIRD = "spark-a687"  # list(c.nodes)[2] of a 3-node cluster: 192.168.200.14
+IMG17 = "vllm/vllm-openai:v0.17.0"
+RID = "c0ffee"
+RAY_COMMON = (f"--network host --ipc host --gpus all --device /dev/infiniband --ulimit memlock=-1 --shm-size 16g "
+              f"-v /root/.cache/huggingface:/root/.cache/huggingface --entrypoint ray {IMG17} start --block")
+
+
+async def _ray_of(c, nodes: list[str]) -> None:
+    """The deployment wizard's Ray cluster: a head on the first node, workers on the others."""
+    ips = {n: c.node(n).fast_ip for n in c.nodes}
+    head_ip = ips[nodes[0]]
+    _, err, rc = await sh(c, nodes[0], f"docker run -d --name sparkconsole-ray-{RID} -e VLLM_HOST_IP={head_ip} "
+                                       f"{RAY_COMMON} --head --node-ip-address={head_ip} --port=6379")
+    assert rc == 0, err
+    for n in nodes[1:]:
+        _, err, rc = await sh(c, n, f"docker run -d --name sparkconsole-ray-{RID} -e VLLM_HOST_IP={ips[n]} "
+                                    f"{RAY_COMMON} --address={head_ip}:6379 --node-ip-address={ips[n]}")
+        assert rc == 0, err
+    c.clock.advance(10)
+    ray = P.parse_ray_status((await sh(c, nodes[0], f"docker exec sparkconsole-ray-{RID} ray status"))[0])
+    assert (ray.active_nodes, ray.gpus_total) == (len(nodes), len(nodes))
+
+
+async def _serve_pp(c, tp: int, pp: int) -> tuple[object, str]:
+    log = f"/root/.cache/huggingface/sparkconsole/{RID}/serve.log"
+    await sh(c, HEAD, f"mkdir -p /root/.cache/huggingface/sparkconsole/{RID}")
+    _, err, rc = await sh(c, HEAD, f"docker exec -d sparkconsole-ray-{RID} sh -c 'exec vllm serve {QWEN} "
+                                   f"--tensor-parallel-size {tp} --pipeline-parallel-size {pp} "
+                                   "--distributed-executor-backend ray --gpu-memory-utilization 0.85 "
+                                   "--max-model-len 65536 --reasoning-parser qwen3 --served-model-name qwen35 "
+                                   f"--host 0.0.0.0 --port 8000 > {log} 2>&1'")
+    assert rc == 0, err
+    run = next(x.engine for x in c.containers if x.engine and x.engine.pp == pp)
+    return run, log
+
+
+async def test_pp3_over_ray_on_three_nodes_splits_the_weights_by_stage_and_serves():
+    c = cluster(nodes=3)
+    assert list(c.nodes)[2] == THIRD
+    await sh(c, HEAD, f"hf download {QWEN}", step=60)
+    for ip in ("192.168.200.13", "192.168.200.14"):
+        _, _, rc = await sh(c, HEAD, f"rsync -a {QDIR} {ip}:/root/.cache/huggingface/hub/", step=10)
+        assert rc == 0
+        out, _, rc = await sh(c, HEAD, f"docker save {IMG17} | ssh {ip} docker load")
+        assert rc == 0 and out == f"Loaded image: {IMG17}\n"
+    assert c.has_model(WORKER, QWEN) and c.has_model(THIRD, QWEN)
+    await sh(c, HEAD, "docker stop vllm-glm embeddings reranker")
+    for n in (WORKER, THIRD):
+        await sh(c, n, "docker stop embeddings")
+    for n in (HEAD, WORKER, THIRD):
+        await sh(c, n, DROP)
+    await _ray_of(c, [HEAD, WORKER, THIRD])
+    run, logpath = await _serve_pp(c, 1, 3)
+    assert run.failure is None and run.ready_at is not None, "\n".join(ln.text for ln in run.lines)[-3000:]
+    assert (run.tp, run.pp, run.world, run.nodes) == (1, 3, 3, (HEAD, WORKER, THIRD))
+    log = "\n".join(ln.text for ln in run.lines)
+    assert "tensor_parallel_size=1, pipeline_parallel_size=3," in log
+    assert "'pipeline_parallel_size': 3" in log
+    assert "tensor_parallel_size=1 is bigger than" not in log  # no TP spread warning: one rank per stage
+    ranks = re.findall(r"^\(EngineCore_DP0 pid=\d+\) \(RayWorkerWrapper pid=\d+(?:, ip=(\S+))?\) INFO \S+ \S+ "
+                       r"\[parallel_state\.py:1466\] rank (\d) in world size 3 is assigned as DP rank 0, PP rank (\d), "
+                       r"PCP rank 0, TP rank 0, EP rank 0$", log, re.M)
+    assert ranks == [("", "0", "0"), ("192.168.200.13", "1", "1"), ("192.168.200.14", "2", "2")]
+    assert re.search(r"world_size=3 rank=2 local_rank=0 distributed_init_method=tcp://192\.168\.200\.12:", log)
+    # weights by stage: a third of the decoder layers each, embeddings + ViT first, lm_head last
+    third = MODELS[QWEN].weights_gib_tp1 / 3
+    # when the weights are in: every node holds about a third of them
+    t_loaded = next(ln.t for ln in run.lines if "Loading weights took" in ln.text)
+    c.clock.advance(t_loaded - c.now())
+    held = {}
+    for node in (HEAD, WORKER, THIRD):
+        apps = P.processes_from_query(P.parse_nvidia_smi_csv((await Shell(c, node).capture(
+            "nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory --format=csv"))[0]))
+        assert [p.name for p in apps] == ["ray::RayWorkerWrapper"]
+        held[node] = apps[0].memory_mib / 1024
+        assert 0.93 * third < held[node] < 1.05 * third, held
+    assert held[HEAD] > held[THIRD] > held[WORKER]  # embeddings+ViT > lm_head > middle stage
+    c.clock.advance(run.ready_at + 1 - c.now())
+    rep = parse_vllm_log((await sh(c, HEAD, f"cat {logpath}"))[0])
+    assert rep.state == "ready" and rep.failure_kind is None
+    assert abs(rep.model_load_gib - held[HEAD]) < 0.5  # the first rank's figure (nvidia-smi adds a little)
+    assert 0.93 * third < rep.model_load_gib < 1.05 * third
+    assert rep.kv_cache_gib and rep.kv_cache_tokens and rep.max_concurrency and rep.port == 8000
+    ray = P.parse_ray_status((await sh(c, HEAD, "ray status"))[0])
+    assert ray.gpus_used == 3
+    for node in (HEAD, WORKER, THIRD):  # weights + KV cache + graphs on every node of the span
+        assert c.memory(node).available < 30 * GIB
+    assert_memory_sane(c)
+    models, _, rc = await sh(c, HEAD, "curl -s http://localhost:8000/v1/models")
+    assert rc == 0 and '"id":"qwen35"' in models
+    body = '{"model": "qwen35", "messages": [{"role": "user", "content": "What is 12*17?"}]}'
+    t0 = c.now()
+    ans, _, rc = await sh(c, HEAD, f"curl -s http://localhost:8000/v1/chat/completions -H "
+                                   f"'Content-Type: application/json' -d '{body}'", step=0.05)
+    import json
+
+    out = json.loads(ans)
+    assert rc == 0 and "204" in out["choices"][0]["message"]["content"]
+    usage = out["usage"]
+    assert abs((c.now() - t0) - (0.12 + usage["prompt_tokens"] / 1500.0 + usage["completion_tokens"] / 24.0)) < 0.1
+
+
+async def test_pp3_with_two_ray_members_waits_for_the_placement_group_and_fails():
+    c = cluster("healthy", nodes=3)  # images everywhere; Ray on two of the three nodes only
+    await _ray_of(c, [HEAD, WORKER])
+    run, _ = await _serve_pp(c, 1, 3)
+    assert run.failure == "ray" and run.ready_at is None
+    c.clock.advance(120)
+    log = "\n".join(ln.text for ln in run.lines if ln.t <= c.now())
+    assert "Waiting for creating a placement group of specs for 10 seconds. specs=[{'GPU': 1.0, " \
+           "'node:192.168.200.12': 0.001}, {'GPU': 1.0}, {'GPU': 1.0}]." in log
+    assert parse_vllm_log(log).state in ("starting", "loading")
+    c.clock.advance(run.failed_at + 1 - c.now())
+    log = "\n".join(ln.text for ln in run.lines)
+    assert "ValueError: Cannot provide a placement group requiring 3 GPUs" in log
+    assert parse_vllm_log(log).state == "failed"

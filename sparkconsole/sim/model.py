@@ -170,6 +170,13 @@ class ModelSpec:
     needs_new_vllm: bool = False  # Qwen3.5: vLLM >= 0.16
     task: str = "generate"  # generate | embed | score
     hybrid: bool = False  # linear-attention / mamba layers (vLLM prints the block-size lines)
+    # pipeline parallelism: the decoder layers split over the stages (vLLM's ``get_pp_indices``), the
+    # first stage also holds the embeddings and the vision tower, the last the lm_head (GiB at TP=1,
+    # part of ``weights_gib_tp1``; 0 layers: an even split of everything)
+    layers: int = 0
+    embed_gib: float = 0.0
+    vision_gib: float = 0.0
+    lm_head_gib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -232,9 +239,11 @@ MODELS: dict[str, ModelSpec] = {
     m.repo: m
     for m in (
         ModelSpec("Qwen/Qwen3.5-122B-A10B-FP8", "Qwen3_5MoeForConditionalGeneration", int(125.2 * GB), 52, 40,
-                  116.62, 11.33, 10_896.0, 262_144, needs_new_vllm=True, hybrid=True),
+                  116.62, 11.33, 10_896.0, 262_144, needs_new_vllm=True, hybrid=True,
+                  # 48 layers; bf16 embed/lm_head 248,320 x 3,072 (1.42 GiB each); ViT ~0.85 GiB
+                  layers=48, embed_gib=1.42, vision_gib=0.85, lm_head_gib=1.42),
         ModelSpec("GadflyII/GLM-4.7-Flash-NVFP4", "Glm4MoeLiteForCausalLM", int(19.9 * GB), 12, 4,
-                  17.86, 4.2, 19_500.0, 202_752),
+                  17.86, 4.2, 19_500.0, 202_752, layers=47, embed_gib=0.59, lm_head_gib=0.59),
         ModelSpec("Qwen/Qwen3-Embedding-0.6B", "Qwen3ForCausalLM", int(1.19 * GB), 11, 1,
                   1.12, 0.8, 9_320.0, 32_768, task="embed"),
         ModelSpec("Qwen/Qwen3-Reranker-0.6B", "Qwen3ForCausalLM", int(1.19 * GB), 11, 1,
@@ -312,6 +321,7 @@ class EngineRun:
     started: float
     lines: list[LogLine]
     holders: list[Holder]
+    pp: int = 1  # --pipeline-parallel-size (Ray): world size tp * pp, one rank per node of ``nodes``
     ready_at: float | None = None
     failed_at: float | None = None
     failure: str | None = None  # oom | oom_startup | unsupported_architecture | ray | port
@@ -338,6 +348,10 @@ class EngineRun:
     rendezvous: tuple[str, int] | None = None  # native: the TCPStore (master-addr, master-port) it hosts
     rendezvous_at: float | None = None  # native: when rank 0 starts waiting for the other ranks
     serve_args: Any = None  # native: the head's parsed arguments (planned again when a rank joins late)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
 
     @property
     def native(self) -> bool:
@@ -979,8 +993,8 @@ class SimCluster:
         t = self.now() if t is None else t
         used = 0.0
         for _c, e in self.all_engines():
-            if e.tp > 1 and not e.ended(t) and e.started <= t and len(e.nodes) > 1:
-                used += e.tp
+            if e.tp * e.pp > 1 and not e.ended(t) and e.started <= t and len(e.nodes) > 1:
+                used += e.tp * e.pp
         return used
 
     # -- snapshot of everything (tests) --

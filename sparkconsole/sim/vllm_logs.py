@@ -25,6 +25,13 @@ Every line is built from the format strings of the real vLLM release the image c
   cluster holding enough GPUs waits for a placement group (``Waiting for creating a placement
   group of specs for N seconds``) and gives up after 1800 s; a taken port fails with
   ``OSError: [Errno 98] Address already in use``;
+* pipeline parallelism over Ray (``--pipeline-parallel-size P``/``-pp P`` with TP=T): world size
+  T×P, a placement group of T×P GPUs (one per Spark, else the wait above), rank ``p*T + t`` logs
+  ``... PP rank p, PCP rank 0, TP rank t, EP rank t``; each stage holds its share of the decoder
+  layers (vLLM's ``get_pp_indices``: :func:`pp_partition`), the first also the embeddings and
+  vision tower, the last the lm_head, at 1/T per rank (:func:`stage_weights_gib`); ``Model loading
+  took`` is the first rank's figure; the KV blocks are unified to the smallest rank's; single-stream
+  decode a little below TP=2 (:data:`DECODE_TOK_S_PP`). Native multi-node (below) is TP only;
 * native multi-node (``--nnodes N --node-rank R --master-addr A --master-port P``, no Ray, as vLLM
   >= 0.11 runs it): a ``--headless`` rank logs ``Launching vLLM (vX) headless multiproc executor,
   with head node address A:P ...`` and its ``(Worker_TP1 pid=N)`` waits at the rendezvous for as
@@ -78,6 +85,7 @@ class ServeArgs:
     host: str = "0.0.0.0"
     port: int = 8000
     tp: int = 1
+    pp: int = 1
     gmu: float = 0.9
     max_model_len: int | None = None
     served_name: str | None = None
@@ -105,6 +113,7 @@ class ServeArgError(ValueError):
 
 _VALUE_FLAGS = {
     "--host": "host", "--port": "port", "--tensor-parallel-size": "tp", "-tp": "tp",
+    "--pipeline-parallel-size": "pp", "-pp": "pp",
     "--gpu-memory-utilization": "gmu", "--max-model-len": "max_model_len",
     "--served-model-name": "served_name", "--reasoning-parser": "reasoning_parser",
     "--distributed-executor-backend": "backend", "--load-format": "load_format",
@@ -113,7 +122,7 @@ _VALUE_FLAGS = {
     "--nnodes": "nnodes", "-n": "nnodes", "--node-rank": "node_rank", "-r": "node_rank",
     "--master-addr": "master_addr", "--master-port": "master_port",
 }
-_INT_ATTRS = ("port", "tp", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "nnodes", "node_rank",
+_INT_ATTRS = ("port", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "nnodes", "node_rank",
               "master_port")
 _BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--trust-remote-code": "trust_remote_code",
                "--enable-prefix-caching": "enable_prefix_caching", "--headless": "headless"}
@@ -426,6 +435,8 @@ def _nondefault(args: ServeArgs, spec_max: int) -> str:
         d["load_format"] = args.load_format
     if args.backend:
         d["distributed_executor_backend"] = args.backend
+    if args.pp != 1:  # EngineArgs' order: pipeline before tensor
+        d["pipeline_parallel_size"] = args.pp
     if args.tp != 1:
         d["tensor_parallel_size"] = args.tp
     if args.gmu != 0.9:
@@ -497,6 +508,7 @@ def _plan_serve(
     spec: ModelSpec | None = MODELS.get(args.model)
     served = args.served_name or args.model
     run = EngineRun(model=args.model, served_name=served, version=version, port=args.port, tp=args.tp,
+                    pp=1 if args.nnodes > 1 else args.pp,
                     started=t0, lines=sc.lines, holders=[], reasoning_parser=args.reasoning_parser,
                     activity=activity, nodes=(node.name,), pid_api=pid_api, epoch0=cluster.clock.epoch(0.0),
                     pid_core=pid_core, render_traffic=traffic_lines)
@@ -580,7 +592,7 @@ def _plan_serve(
            f"Initializing a V1 LLM engine (v{version}) with config: model='{args.model}', speculative_config=None, "
            f"tokenizer='{args.model}', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
            f"trust_remote_code={args.trust_remote_code}, dtype=torch.bfloat16, max_seq_len={mml}, download_dir=None, "
-           f"load_format={args.load_format or 'auto'}, tensor_parallel_size={args.tp}, pipeline_parallel_size=1, "
+           f"load_format={args.load_format or 'auto'}, tensor_parallel_size={args.tp}, pipeline_parallel_size={run.pp}, "
            f"data_parallel_size=1, disable_custom_all_reduce=False, quantization="
            f"{'fp8' if 'FP8' in args.model else ('modelopt_fp4' if 'NVFP4' in args.model else None)}, "
            f"enforce_eager={args.enforce_eager}, kv_cache_dtype={args.kv_cache_dtype or 'auto'}, device_config=cuda, "
@@ -615,7 +627,7 @@ def _plan_serve(
         """A rank's worker fails: with Ray the engine core reports it; natively the rank's own
         worker process logs it (in its node's log) and the head's executor gives up."""
         if not native:
-            return engine_failed(dt, frames, exc, kind, _prefix(core, n, node, pid, args.tp))
+            return engine_failed(dt, frames, exc, kind, _prefix(core, n, node, pid, world))
         p = f"(Worker_TP{rank} pid={pid}) "
         s_ = scripts.get(n.name, sc)
         s_.log(dt, p, "ERROR", "multiproc_executor.py:772", "WorkerProc failed to start.")
@@ -623,6 +635,7 @@ def _plan_serve(
         return engine_failed(dt + 0.3, _MP_FRAMES, WORKERPROC_FAILED, kind)
 
     native = args.nnodes > 1
+    world = run.world  # TP x PP over Ray (native multi-node: TP only)
     scripts: dict[str, _Script] = {node.name: sc}
     lead_pid = pid_core
     if native:
@@ -674,11 +687,11 @@ def _plan_serve(
         t += 1.5
         sc.log(t, w0, "INFO", "pynccl.py:111", "vLLM is using nccl==2.27.5")
         run.nccl_at = t0 + t
-    elif args.tp > 1:
+    elif world > 1:
         members = cluster.ray_members(t0)
         here = [m for m in members if m.node == node.name]
         if not here:
-            msg = (f"ValueError: World size ({args.tp}) is larger than the number of available GPUs (1) in this "
+            msg = (f"ValueError: World size ({world}) is larger than the number of available GPUs (1) in this "
                    "node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend "
                    "ray'.\n- multiprocessing, set up '--nnodes' and '--node-rank' on every node.")
             return engine_failed(t, [(f"{PY}/vllm/config/parallel.py", 612, "__post_init__",
@@ -693,8 +706,8 @@ def _plan_serve(
         sc.log(t + 0.6, core, "INFO", "ray_utils.py:345", "No current placement group found. Creating a new "
                "placement group.")
         free_gpus = sum(m.gpus for m in members) - cluster.ray_gpus_used(t0)
-        if free_gpus < args.tp:
-            specs = [{"GPU": 1.0, f"node:{ip_head}": 0.001}] + [{"GPU": 1.0}] * (args.tp - 1)
+        if free_gpus < world:
+            specs = [{"GPU": 1.0, f"node:{ip_head}": 0.001}] + [{"GPU": 1.0}] * (world - 1)
             waited = 10
             while waited < 1800:
                 sc.log(t + 0.6 + waited, core, "INFO", "ray_utils.py:234",
@@ -703,17 +716,18 @@ def _plan_serve(
                        "sure the IP addresses used by ray cluster are the same as VLLM_HOST_IP environment "
                        "variable specified in each node if you are running on a multi-node.")
                 waited = waited * 2 + 10
-            msg = (f"ValueError: Cannot provide a placement group requiring {args.tp} GPUs (placement_group_specs="
+            msg = (f"ValueError: Cannot provide a placement group requiring {world} GPUs (placement_group_specs="
                    f"{specs}) within 1800 seconds. See `ray status` and `ray list nodes` to make sure the cluster "
                    "has enough resources.")
             return engine_failed(t + 1800.6, [(f"{PY}/vllm/v1/executor/ray_utils.py", 248,
                                                "_wait_until_pg_ready", "raise ValueError(")], msg, "ray")
-        sc.log(t + 0.7, core, "WARNING", "ray_utils.py:378",
-               f"tensor_parallel_size={args.tp} is bigger than a reserved number of GPUs (1 GPUs) in a node "
-               f"{here[0].node_id}. Tensor parallel workers can be spread out to 2+ nodes which can degrade the "
-               "performance unless you have fast interconnect across nodes, like Infiniband. To resolve this "
-               f"issue, make sure you have more than {args.tp} GPUs available at each node.")
-        others = [m for m in members if m.node != node.name][: args.tp - 1]
+        if args.tp > 1:  # _verify_bundles: fewer bundles on a node than tensor_parallel_size
+            sc.log(t + 0.7, core, "WARNING", "ray_utils.py:378",
+                   f"tensor_parallel_size={args.tp} is bigger than a reserved number of GPUs (1 GPUs) in a node "
+                   f"{here[0].node_id}. Tensor parallel workers can be spread out to 2+ nodes which can degrade "
+                   "the performance unless you have fast interconnect across nodes, like Infiniband. To resolve "
+                   f"this issue, make sure you have more than {args.tp} GPUs available at each node.")
+        others = [m for m in members if m.node != node.name][: world - 1]
         span_nodes = []
         for m in [here[0], *others]:
             n = cluster.node(m.node)
@@ -725,7 +739,7 @@ def _plan_serve(
             pfx = core + (f"(RayWorkerWrapper pid={pid}) " if n is node
                           else f"(RayWorkerWrapper pid={pid}, ip={n.fast_ip}) ")
             sc.log(t, pfx, "INFO", "parallel_state.py:1245",
-                   f"world_size={args.tp} rank={rank} local_rank=0 distributed_init_method=tcp://{ip_head}:"
+                   f"world_size={world} rank={rank} local_rank=0 distributed_init_method=tcp://{ip_head}:"
                    f"{stable_int(30000, 60000, t0)} backend=nccl")
         for n, pid in span_nodes:
             pfx = core + (f"(RayWorkerWrapper pid={pid}) " if n is node
@@ -749,16 +763,18 @@ def _plan_serve(
                f"world_size=1 rank=0 local_rank=0 distributed_init_method=tcp://{node.lan_ip}:"
                f"{stable_int(30000, 60000, t0)} backend=nccl")
     def rpfx(n: SimNode, pid: int, rank: int) -> str:
-        return f"(Worker_TP{rank} pid={pid}) " if native else _prefix(core, n, node, pid, args.tp)
+        return f"(Worker_TP{rank} pid={pid}) " if native else _prefix(core, n, node, pid, world)
 
     def rlog(n: SimNode, dt: float, pfx: str, level: str, src: str, msg: str) -> None:
         scripts.get(n.name, sc).log(dt, pfx, level, src, msg)
 
     for rank, (n, pid) in enumerate(span_nodes):
         pfx = rpfx(n, pid, rank)
+        # vLLM's rank layout (DP=1): rank = pp_rank * tp + tp_rank; EP spans DP x PCP x TP of a stage
+        pp_rank, tp_rank = divmod(rank, args.tp) if run.pp > 1 else (0, rank)
         rlog(n, t + 0.2, pfx, "INFO", "parallel_state.py:1466",
-               f"rank {rank} in world size {args.tp} is assigned as DP rank 0, PP rank 0, PCP rank 0, "
-               f"TP rank {rank}, EP rank {rank}")
+               f"rank {rank} in world size {world} is assigned as DP rank 0, PP rank {pp_rank}, PCP rank 0, "
+               f"TP rank {tp_rank}, EP rank {tp_rank}")
 
     # ---- start-up free-memory check (vLLM compares with what CUDA calls free: MemFree)
     t += 0.6
@@ -795,7 +811,10 @@ def _plan_serve(
     rank_log(t_load + 1.1, "INFO", "cuda.py:381", "Using FLASHINFER attention backend out of potential "
            "backends: ('FLASHINFER', 'FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION')")
     shards = spec.shards if spec else 4
-    w_node = (spec.weights_gib_tp1 if spec else 8.0) / args.tp
+    # each rank's share of the weights (GiB): 1/TP of its pipeline stage's
+    w_ranks = [stage_weights_gib(spec, args.tp, run.pp, rank // args.tp if run.pp > 1 else 0)
+               for rank in range(len(span_nodes))]
+    w_node = w_ranks[0]  # what the first rank prints
     from sparkconsole.sim.model import WEIGHT_READ_S_PER_SHARD
 
     per = [WEIGHT_READ_S_PER_SHARD * (0.9 + 0.2 * _hash01(args.model, t0, k)) for k in range(shards)]
@@ -809,10 +828,11 @@ def _plan_serve(
     w_bytes = w_node * GIB
     oom_node = None
     oom_frac = 1.0
-    for n, _pid in span_nodes:
+    for rank, (n, _pid) in enumerate(span_nodes):
         f = free_at_load[n.name]
-        if w_bytes > f and f / w_bytes < oom_frac:
-            oom_node, oom_frac = n, max(0.0, f / w_bytes)
+        wb = w_ranks[rank] * GIB
+        if wb > f and f / wb < oom_frac:
+            oom_node, oom_frac = n, max(0.0, f / wb)
     desc = "Loading safetensors checkpoint shards"
     if args.load_format == "fastsafetensors":
         desc = "Loading safetensors using Fastsafetensor loader"
@@ -827,14 +847,14 @@ def _plan_serve(
     for rank, (n, pid) in enumerate(span_nodes):
         pts = [(t0 + t_bar, 0.0)]
         if oom_node is not None:
-            pts.append((t0 + t_stop, w_bytes * oom_frac))
+            pts.append((t0 + t_stop, w_ranks[rank] * GIB * oom_frac))
         else:
-            pts.append((t0 + t_bar + t_read, w_bytes))
+            pts.append((t0 + t_bar + t_read, w_ranks[rank] * GIB))
         if native:
             holder = Holder(n.name, pid, f"VLLM::Worker_TP{rank}", Curve(pts),
                             container=container if n is node else run.peer_containers[n.name])
         else:
-            holder = Holder(n.name, pid, "VLLM::EngineCore" if args.tp == 1 else "ray::RayWorkerWrapper",
+            holder = Holder(n.name, pid, "VLLM::EngineCore" if world == 1 else "ray::RayWorkerWrapper",
                             Curve(pts), container=container if n is node else _ray_container(cluster, n.name))
         run.holders.append(holder)
         cluster.cache_ramps.append(_ramp(n.name, t0 + t_bar, t0 + t_bar + t_read * oom_frac,
@@ -842,6 +862,7 @@ def _plan_serve(
     if oom_node is not None:
         oom_rank = [nn.name for nn, _p in span_nodes].index(oom_node.name)
         pid = span_nodes[oom_rank][1]
+        w_bytes = w_ranks[oom_rank] * GIB
         free_left = max(1.0, free_at_load[oom_node.name] - w_bytes * oom_frac + 180 * MIB)
         in_use = w_bytes * oom_frac + 0.62 * GIB
         alloc = w_bytes / shards
@@ -885,19 +906,24 @@ def _plan_serve(
         rank_log(t + 1.0 + dyn + comp, "INFO", "monitor.py:34", f"torch.compile takes {dyn + comp:.2f} s in total")
         t += 2.0 + dyn + comp
     overhead = spec.overhead_gib if spec else 2.0
-    kv = args.gmu * CUDA_TOTAL_GIB - w_node - overhead
+    kv_ranks = [args.gmu * CUDA_TOTAL_GIB - w - overhead for w in w_ranks]
+    kv = kv_ranks[0]  # what the first rank prints
     t += 1.5
-    if kv <= 0:
+    if min(kv_ranks) <= 0:
         msg = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
                "when initializing the engine.")
-        return rank_failed(t, node, span_nodes[0][1], 0, [(f"{PY}/vllm/v1/engine/core.py", 214,
+        bad = kv_ranks.index(min(kv_ranks))
+        return rank_failed(t, span_nodes[bad][0], span_nodes[bad][1], bad, [(f"{PY}/vllm/v1/engine/core.py", 214,
                                                            "_initialize_kv_caches",
                                                            "kv_cache_configs = get_kv_cache_configs(")],
                            msg, "oom")
-    tokens_per_gib = (spec.kv_tokens_per_gib if spec else 8000.0) * args.tp
+    # a stage caches only its own layers' KV (1/PP of them), each rank 1/TP of the heads
+    tokens_per_gib = (spec.kv_tokens_per_gib if spec else 8000.0) * args.tp * run.pp
     if args.kv_cache_dtype == "fp8":
         tokens_per_gib *= 2
-    tokens = int(kv * tokens_per_gib) // 16 * 16
+    # the workers' block counts are unified to the smallest (every rank allocates that many)
+    kv_alloc = min(kv_ranks)
+    tokens = int(kv_alloc * tokens_per_gib) // 16 * 16
     rank_log(t, "INFO", "gpu_worker.py:436", f"Available KV cache memory: {gib(kv)} GiB")
     if tokens < mml:
         need = mml / tokens_per_gib
@@ -912,15 +938,15 @@ def _plan_serve(
     sc.log(t, core if native else lead, "INFO", "kv_cache_utils.py:1324",
            f"Maximum concurrency for {mml:,} tokens per request: {tokens / mml:.2f}x")
     graphs = 0.0 if args.enforce_eager else 1.0
-    final = (w_node + kv + graphs + 0.87) * GIB
-    for hd in run.holders:
+    finals = [(w + kv_alloc + graphs + 0.87) * GIB for w in w_ranks]
+    for hd, final in zip(run.holders, finals, strict=True):
         hd.curve.points.append((t0 + t, final - graphs * GIB))
     if not args.enforce_eager:
         sc.raw(t + 4.6, tqdm_bar("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", 51, 51, 4.6))
         sc.raw(t + 22.9, tqdm_bar("Capturing CUDA graphs (decode, FULL)", 35, 35, 18.3))
         rank_log(t + 23.3, "INFO", "gpu_model_runner.py:4587", "Graph capturing finished in 24 secs, took "
                  "1.00 GiB")
-        for hd in run.holders:
+        for hd, final in zip(run.holders, finals, strict=True):
             hd.curve.points.append((t0 + t + 23.3, final))
         t += 23.3
     sc.log(t + 0.2, core, "INFO", "core.py:259",
@@ -978,7 +1004,7 @@ def worker_lost(cluster: SimCluster, run: EngineRun, node: str, t_lost: float) -
     group is up leaves rank 0 waiting in the rendezvous: ``DistStoreError: Timed out after 601
     seconds waiting for clients. 1/2 clients joined.`` The driver's own node is not handled (its
     log is on that node, which no longer answers)."""
-    if run.tp < 2 or node not in run.nodes[1:] or t_lost < run.started or run.ended(t_lost):
+    if run.world < 2 or node not in run.nodes[1:] or t_lost < run.started or run.ended(t_lost):
         return False
     if run.hung_at is not None and run.hung_at <= t_lost:
         return False
@@ -1017,12 +1043,12 @@ def worker_lost(cluster: SimCluster, run: EngineRun, node: str, t_lost: float) -
         ], f"ray.exceptions.RayTaskError(DistStoreError): ray::RayWorkerWrapper.execute_method() "
            f"(pid={run.rank_pids[0]}, ip={driver.fast_ip}, actor_id={stable_hex(32, 'actor', run.started)})\n"
            "torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. "
-           f"{run.tp - 1}/{run.tp} clients joined.", level_src="core.py:866")
+           f"{run.world - 1}/{run.world} clients joined.", level_src="core.py:866")
         sc.raw(t_fail + 0.4, f"{api}RuntimeError: Engine core initialization failed. See root cause above. "
                "Failed core proc(s): {}")
         end = t_fail + 0.6
     else:
-        order = [lost_rank] + [r for r in range(run.tp) if r != lost_rank]
+        order = [lost_rank] + [r for r in range(run.world) if r != lost_rank]
         t_fail = _watchdog(cluster, sc, run, order, t_lost, wrapper)
         lost = cluster.node(node)
         actor = stable_hex(32, "actor", run.started, node)
@@ -1150,6 +1176,33 @@ def _watchdog(cluster: SimCluster, sc: _Script, run: EngineRun, ranks: list[int]
     return t_fail
 
 
+def pp_partition(layers: int, pp: int) -> list[int]:
+    """vLLM's ``get_pp_indices`` (no ``VLLM_PP_LAYER_PARTITION``): the decoder layers per stage, an
+    uneven remainder going to the stages before the last."""
+    parts = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def stage_weights_gib(spec: ModelSpec | None, tp: int, pp: int, stage: int) -> float:
+    """What one rank of pipeline stage ``stage`` loads (GiB): 1/TP of the stage's decoder layers,
+    plus the embeddings and vision tower on the first stage and the lm_head on the last."""
+    total = spec.weights_gib_tp1 if spec else 8.0
+    if pp <= 1:
+        return total / tp
+    if spec is None or spec.layers <= 0:
+        return total / pp / tp
+    first = spec.embed_gib + spec.vision_gib
+    decoder = total - first - spec.lm_head_gib
+    w = decoder * pp_partition(spec.layers, pp)[stage] / spec.layers
+    if stage == 0:
+        w += first
+    if stage == pp - 1:
+        w += spec.lm_head_gib
+    return w / tp
+
+
 def _prefix(core: str, n: SimNode, driver: SimNode, pid: int, tp: int) -> str:
     if tp == 1:
         return core
@@ -1221,11 +1274,26 @@ DECODE_TOK_S: dict[str, dict[int, float]] = {
     "Qwen/Qwen3.5-122B-A10B-FP8": {2: 31.5, 1: 29.0},
     "GadflyII/GLM-4.7-Flash-NVFP4": {1: 48.0, 2: 52.0},
 }
+# pipeline parallelism: one request walks the stages one after the other (a hop over the link per
+# stage), so single-stream decode is a little slower than TP=2: (tp, pp) -> tokens/s
+DECODE_TOK_S_PP: dict[str, dict[tuple[int, int], float]] = {
+    "Qwen/Qwen3.5-122B-A10B-FP8": {(1, 2): 26.5, (1, 3): 24.0, (1, 4): 22.0, (2, 2): 27.5},
+}
+PP_HOP_FACTOR = 0.9  # per extra stage, for a (tp, pp) not in the table
 PREFILL_TOK_S = 1500.0  # prompt tokens/s (prefill), after a fixed scheduling latency
 FIRST_TOKEN_S = 0.12
 
 
 def decode_rate(run: EngineRun) -> float:
+    if run.pp > 1:
+        pp_rate = DECODE_TOK_S_PP.get(run.model, {}).get((run.tp, run.pp))
+        if pp_rate:
+            return pp_rate
+        return _tp_rate(run) * PP_HOP_FACTOR ** (run.pp - 1)
+    return _tp_rate(run)
+
+
+def _tp_rate(run: EngineRun) -> float:
     rates = DECODE_TOK_S.get(run.model)
     if not rates:
         return 40.0
