@@ -220,3 +220,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
                            text=True, timeout=60)
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_three_sparks_with_pipeline_stages_when_tp_cannot_span_them(tmp_path):
+    """Qwen3.5-122B's 32 heads do not divide over 3 nodes: the plan offers PP=3, and the deployment
+    copies to both workers in parallel, forms a 3-node Ray cluster and serves with the stages."""
+    rc, events, err = deploy(tmp_path / "state", "--demo", "--nodes", "3", "--speed", SPEED, "--auto",
+                             "--answer", "plan.layout=tp1-pp3")
+    assert rc == 0, (err, events[-3:])
+    plan = decisions(events)["plan.layout"]
+    assert any("TP=1 x PP=3" in m and "fits" in m for m in plan["measured"])
+    assert plan["answer"] == "tp1-pp3" and plan["by"] == "preset"
+    cmds = [e["command"] for e in events if e["event"] == "command" and e["rc"] is None]
+    assert sum("rsync -a --partial -L" in c for c in cmds) == 2
+    assert sum(c.startswith("docker run -d --name sparkconsole-ray-") for c in cmds) == 3
+    (serve,) = [c for c in cmds if "vllm serve" in c]
+    assert "--tensor-parallel-size 1 --pipeline-parallel-size 3" in serve
+    assert events[-1]["ok"] and events[-1]["tokens_per_s"]

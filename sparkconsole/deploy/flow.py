@@ -397,8 +397,8 @@ class Engine(Step):
             measured.append(f"{img}: vLLM {ef.vllm or '-'}, transformers {ef.versions.get('transformers') or '-'}"
                             f", SGLang {ef.versions.get('sglang') or '-'}: {arch} "
                             f"{'registered' if knows else 'NOT registered' if knows is False else 'unknown'}")
-            if knows:
-                good.append((engines.version_tuple(ef.vllm or ef.versions.get("sglang")), img))
+            if knows and ef.vllm:  # an SGLang image is offered as the SGLang engine, below
+                good.append((engines.version_tuple(ef.vllm), img))
         options = [Option(img, f"{img} (on the nodes, knows {arch})", "already here: nothing to pull")
                    for _, img in sorted(good, reverse=True)]
         for k in engines.KNOWN_IMAGES:
