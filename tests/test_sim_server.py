@@ -115,6 +115,29 @@ async def test_openssh_client_speaks_to_the_sim():
         assert "ssh" in " ".join(demo.ssh_commands()) and str(node.port) in " ".join(demo.ssh_commands())
 
 
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client")
+async def test_a_script_piped_to_ssh_sh_runs_line_by_line_and_docker_templates_render():
+    """`printf 'echo a\necho b' | ssh NODE sh` runs two commands (issue 9's first complaint printed
+    `a echo b`), and `docker images --format` renders its Go template."""
+    async with start_demo_cluster(clock=SimClock.frozen()) as demo:
+        node = demo.config.node(WORKER)
+        base = ["ssh", "-F", "/dev/null", "-i", node.identity, "-p", str(node.port), "-o",
+                f"UserKnownHostsFile={node.known_hosts}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+                "-o", "IdentitiesOnly=yes", f"root@{node.host}"]
+        proc = await asyncio.create_subprocess_exec(*base, "sh", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                    stdin=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(b'echo a\necho b\nls /nope || echo "fallback $?"\n'), 30)
+        assert proc.returncode == 0, err.decode()
+        assert out.decode() == "a\nb\nfallback 2\n"
+        assert "ls: cannot access '/nope': No such file or directory" in err.decode()
+        proc = await asyncio.create_subprocess_exec(
+            *base, "docker images --digests --format '{{.Repository}}:{{.Tag}} {{.Digest}}'",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        out, _ = await asyncio.wait_for(proc.communicate(), 30)
+        (line,) = out.decode().splitlines()
+        assert line.startswith("vllm/vllm-openai:v0.14.1 sha256:") and len(line.split()[1]) == 71
+
+
 async def test_docker_logs_follow_streams_as_sim_time_passes_and_stops_when_closed():
     clock = SimClock.frozen()
     async with start_demo_cluster(scenario="healthy", clock=clock) as demo:

@@ -66,6 +66,10 @@ class _Server(asyncssh.SSHServer):
         return False
 
 
+_STDIN_SHELLS = frozenset({"sh", "bash", "sh -s", "bash -s", "/bin/sh", "/bin/bash", "/bin/sh -s",
+                           "/bin/bash -s", "sh -", "bash -"})
+
+
 class NodeServer:
     """One simulated Spark's SSH endpoint."""
 
@@ -162,12 +166,16 @@ class NodeServer:
             if self._lost():
                 await self._hang()
             cmd = process.command
-            if cmd is None:
+            if cmd is None and process.get_terminal_type():
                 process.stdout.write(f"{self.node}: this simulated Spark only runs commands "
-                                     "(ssh ... root@127.0.0.1 COMMAND)\n")
+                                     "(ssh ... root@127.0.0.1 COMMAND)\r\n")
                 process.exit(0)
                 return
-            if HEADER in cmd:
+            if cmd is None or cmd.strip() in _STDIN_SHELLS:
+                # `printf 'a\nb' | ssh NODE sh` (or no command at all): the shell reads its script from stdin
+                script = await process.stdin.read()
+                rc = await self._exec(process, script)
+            elif HEADER in cmd:
                 rc = await self._probe(process)
             else:
                 rc = await self._exec(process, cmd)

@@ -168,8 +168,11 @@ class DockerTools:
 
     async def d_images(self, args: list[str], io: IO) -> int:
         fmt = _opt_val(args, "--format", None)
-        io.out(F.docker_images(self.cluster, self.node_name, self.now(), bool(fmt and "json" in fmt),
-                               digests="--digests" in args))
+        digests = "--digests" in args
+        if fmt and fmt.strip() != "{{json .}}":  # a Go template: {{.Repository}}:{{.Tag}} {{.Digest}}
+            io.out(_go_template(fmt, F.docker_images(self.cluster, self.node_name, self.now(), True, digests=True)))
+            return 0
+        io.out(F.docker_images(self.cluster, self.node_name, self.now(), bool(fmt), digests=digests))
         return 0
 
     async def d_info(self, args: list[str], io: IO) -> int:
