@@ -237,3 +237,12 @@ def test_three_sparks_with_pipeline_stages_when_tp_cannot_span_them(tmp_path):
     (serve,) = [c for c in cmds if "vllm serve" in c]
     assert "--tensor-parallel-size 1 --pipeline-parallel-size 3" in serve
     assert events[-1]["ok"] and events[-1]["tokens_per_s"]
+
+
+def test_read_only_refuses_the_first_change_and_sends_nothing(tmp_path):
+    state = tmp_path / "state"
+    rc, events, err = deploy(state, "--demo", "--speed", SPEED, "--read-only", "--auto")
+    assert rc == 1, err
+    assert "read-only" in events[-1]["message"] and "refused" in events[-1]["message"]
+    assert not [e for e in events if e["event"] == "command" and e["mutating"]]
+    assert steps(events)["recon"] == "done" and not (state / "journal.jsonl").exists()
