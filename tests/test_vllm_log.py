@@ -22,8 +22,10 @@ from sparkconsole.logs.vllm import (
     PHASE_RAY_WAIT,
     PHASE_READY,
     STATES,
+    VllmLogReport,
     VllmLogTracker,
     parse_vllm_log,
+    worst_report,
 )
 from tests.conftest import REAL, real_fixture
 
@@ -820,3 +822,58 @@ def test_never_raises_and_state_is_valid(lines):
 def test_never_raises_on_binary_garbage(data):
     r = parse_vllm_log(data.decode("utf-8", errors="replace"))
     assert r.state in STATES
+
+
+# --------------------------------------------------------------------------------------------
+# a merged log of several nodes (one container on each): one tracker per node
+
+
+def _interleave(*texts: str) -> list[tuple[int, str]]:
+    """Round-robin the logs' physical lines: (which log, line), as a merged view shows them."""
+    per = [_physical_lines(t) for t in texts]
+    out: list[tuple[int, str]] = []
+    for i in range(max(len(p) for p in per)):
+        out.extend((k, p[i]) for k, p in enumerate(per) if i < len(p))
+    return out
+
+
+def test_merged_log_keeps_each_nodes_run_and_reports_the_failed_one():
+    ready = _log("02-dgx-spark-nemotron-hybrid-nv2601-ready.log")
+    oom = _log("13-v1-cuda-oom-creating-weights.log")
+    assert parse_vllm_log(ready).state == "ready" and parse_vllm_log(oom).failure_kind == "oom"
+    tracker = VllmLogTracker()
+    nodes = ("spark-1", "spark-2")
+    for k, line in _interleave(ready, oom):
+        tracker.feed(line + "\n", source=nodes[k])
+    reports = tracker.node_reports
+    assert list(reports) == ["spark-1", "spark-2"]
+    # each node reads exactly as its own log alone
+    assert reports["spark-1"].contract_dict() == parse_vllm_log(ready).contract_dict()
+    assert reports["spark-2"].contract_dict() == parse_vllm_log(oom).contract_dict()
+    merged = tracker.report
+    assert (merged.state, merged.failure_kind, merged.node) == ("failed", "oom", "spark-2")
+    assert merged.node_states == (("spark-1", "ready"), ("spark-2", "failed"))
+    assert merged.advice and "memory" in merged.advice.lower()
+
+
+def test_worst_report_rules():
+    def rep(state):
+        return VllmLogReport(state=state)
+
+    # a failed rank wins, the first to fail when several did
+    assert worst_report({"a": rep("ready"), "b": rep("failed"), "c": rep("failed")}, ["c", "b"]).node == "c"
+    # the least advanced rank otherwise; a node with no vLLM line does not count
+    w = worst_report({"a": rep("loading"), "b": rep("starting"), "c": rep("unknown")})
+    assert (w.state, w.node) == ("starting", "b")
+    # the head is ready: a headless worker rank, which never logs "Application startup complete", does
+    # not hold the deployment at loading
+    w = worst_report({"head": rep("ready"), "worker": rep("loading")})
+    assert (w.state, w.node) == ("ready", "head")
+    assert worst_report({"a": rep("unknown")}).state == "unknown"
+    assert worst_report({}).state == "unknown"
+
+
+def test_one_node_log_has_no_node_reports():
+    t = _feed_lines(_log("02-dgx-spark-nemotron-hybrid-nv2601-ready.log"))
+    assert t.node_reports == {}
+    assert t.report.node is None and t.report.node_states == ()

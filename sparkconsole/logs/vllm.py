@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -334,6 +334,10 @@ class VllmLogReport:
     phase_events: tuple[tuple[str, int], ...] = ()
     restarts: int = 0
     lines: int = 0
+    # a merged log of several nodes (``feed(line, source=node)``): the node this report is from,
+    # and every node's state in the order first seen (empty for a one-node log)
+    node: str | None = None
+    node_states: tuple[tuple[str, str], ...] = ()
 
     def contract_dict(self) -> dict[str, Any]:
         """Exactly the ``sparkconsole parse vllm-log`` JSON object."""
@@ -502,6 +506,8 @@ class VllmLogTracker:
         self._prev_level: str | None = None
         self._pending_ip: str | None = None  # ip of a prefix-only line, for the bar after it
         self._cached: VllmLogReport | None = None
+        self._nodes: dict[str, VllmLogTracker] = {}  # source -> that node's own tracker
+        self._fail_order: list[str] = []  # sources in the order they first failed
         self._reset_run()
 
     # -- run state -------------------------------------------------------------------------
@@ -523,8 +529,21 @@ class VllmLogTracker:
         self._unsupported: list[str] = []
 
     # -- public ----------------------------------------------------------------------------
-    def feed(self, line: str) -> None:
-        """One physical line (a trailing newline is fine; embedded newlines are split)."""
+    def feed(self, line: str, source: str = "") -> None:
+        """One physical line (a trailing newline is fine; embedded newlines are split).
+
+        ``source`` names the node of a merged log: each node's lines go to a tracker of its own
+        (vLLM ranks on different nodes must not be read as one run), and :attr:`report` is then
+        the worst of them (:func:`worst_report`); :attr:`node_reports` has each one."""
+        if source:
+            tracker = self._nodes.get(source)
+            if tracker is None:
+                tracker = self._nodes[source] = VllmLogTracker()
+            tracker.feed(line)
+            if tracker._failed and source not in self._fail_order:
+                self._fail_order.append(source)
+            self._cached = None
+            return
         if not isinstance(line, str):
             line = str(line)
         if line.endswith("\n"):
@@ -551,8 +570,17 @@ class VllmLogTracker:
     @property
     def report(self) -> VllmLogReport:
         if self._cached is None:
-            self._cached = self._build()
+            self._cached = worst_report(self.node_reports, self._fail_order) if self._nodes else self._build()
         return self._cached
+
+    @property
+    def node_reports(self) -> dict[str, VllmLogReport]:
+        """Each node's own report, in the order the nodes were first seen (``{}`` for a log
+        fed without ``source``; lines fed without one beside named nodes are listed as ``""``)."""
+        out = {node: tracker.report for node, tracker in self._nodes.items()}
+        if out and self._line_no:
+            out[""] = self._build()
+        return out
 
     # -- per line --------------------------------------------------------------------------
     def _feed_physical(self, physical: str) -> None:
@@ -1069,6 +1097,37 @@ def advise(report: VllmLogReport) -> str | None:
     return "The server failed to start: the first error above (failure_line) is the root cause."
 
 
+# how bad a state is, for the merged view: a failed rank is the news, then the least advanced one
+_STATE_BADNESS = {"failed": 4, "starting": 3, "loading": 2, "ready": 1, "unknown": 0}
+
+
+def worst_report(reports: Mapping[str, VllmLogReport], fail_order: Iterable[str] = ()) -> VllmLogReport:
+    """The report that stands for several nodes' logs of one deployment, with ``node`` naming
+    whose it is and ``node_states`` listing every node's state.
+
+    A failed node wins (the first in ``fail_order``, the nodes in the order they failed, else
+    the first failed one listed). Otherwise the least advanced
+    node (``starting`` before ``loading``), except that once one node is ``ready`` the deployment
+    is: only the head serves the API, so a worker rank (``--headless``, or a Ray worker's own
+    log) never logs "Application startup complete" and would otherwise hold it at ``loading``.
+    Nodes whose log holds no vLLM line (``unknown``) count only when every node's does not."""
+    if not reports:
+        return VllmLogReport()
+    items = list(reports.items())
+    states = tuple((node, r.state) for node, r in items)
+    order = {node: i for i, node in enumerate(fail_order)}
+    failed = sorted(
+        ((node, r) for node, r in items if r.state == "failed"), key=lambda item: order.get(item[0], len(order))
+    )
+    if failed:
+        node, chosen = failed[0]
+    elif any(r.state == "ready" for _, r in items):
+        node, chosen = next((n, r) for n, r in items if r.state == "ready")
+    else:
+        node, chosen = max(items, key=lambda item: _STATE_BADNESS[item[1].state])
+    return replace(chosen, node=node or None, node_states=states)
+
+
 def parse_vllm_log(text: str) -> VllmLogReport:
     """Read a whole vLLM log (any version 0.6 -> today). Never raises on odd input."""
     tracker = VllmLogTracker()
@@ -1084,4 +1143,5 @@ __all__ = [
     "VllmLogTracker",
     "advise",
     "parse_vllm_log",
+    "worst_report",
 ]

@@ -321,7 +321,7 @@ class LogScreen(Screen[None]):
 
     def _add_line(self, text: str, source: str = "", timestamp: str | None = None) -> None:
         if self.tracker is not None:
-            self.tracker.feed(text)
+            self.tracker.feed(text, source=source)
             self._schedule_panel()
         line = self.buffer.append(text, source=source, timestamp=timestamp)
         self._show(line.display, is_marker=False)
