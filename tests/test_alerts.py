@@ -79,3 +79,38 @@ def test_down_and_stale_nodes_come_first():
     alerts = cluster_alerts([low, down])
     assert [a.severity for a in alerts] == ["critical", "critical"]
     assert {a.text for a in alerts} >= {"node down: no answer in time"}
+
+
+def test_an_alerts_identity_is_kind_node_subject_not_its_live_text():
+    def low(avail_gib: float) -> NodeState:
+        memory = UnifiedMemory(total_bytes=int(119.7 * GIB), available_bytes=int(avail_gib * GIB), unified=True)
+        return with_sample(healthy("a"), memory=memory)
+
+    (first,) = cluster_alerts([low(7.3)])
+    (second,) = cluster_alerts([low(7.2)])
+    assert first.text != second.text  # the text carries the live number...
+    assert first.key == second.key == ("low-memory", "a", "")  # ...the identity does not
+    restarting = [Container(f"c{i}", name, "img", "restarting", "Restarting (1) 2 seconds ago") for i, name in
+                  enumerate(("vllm", "ray"))]
+    keys = {a.key for a in cluster_alerts([with_sample(healthy("a"), containers=tuple(restarting))])}
+    assert keys == {("container-restarting", "a", "vllm"), ("container-restarting", "a", "ray")}
+
+
+def test_the_console_logs_one_event_while_memory_stays_low_and_its_value_moves():
+    from types import SimpleNamespace
+
+    from sparkconsole.ui.app import DemoOptions, SparkConsoleApp
+
+    app = SparkConsoleApp(demo=DemoOptions(), clock=lambda: 100.0, remember_theme=False)
+    state = healthy("a")
+    app.poller = SimpleNamespace(pollers={"a": SimpleNamespace(state=state)})
+    for avail in (7.3, 7.2, 7.1, 6.9):
+        memory = UnifiedMemory(total_bytes=int(119.7 * GIB), available_bytes=int(avail * GIB), unified=True)
+        with_sample(state, memory=memory)
+        app._note_changes("a", cluster_alerts([state]))
+    assert [text for _, _, text in app.events] == ["alert a: MemAvailable 7.3 GiB (6%) — under 10%"]
+    with_sample(state, memory=UnifiedMemory(total_bytes=int(119.7 * GIB), available_bytes=60 * GIB, unified=True))
+    app._note_changes("a", cluster_alerts([state]))
+    with_sample(state, memory=UnifiedMemory(total_bytes=int(119.7 * GIB), available_bytes=5 * GIB, unified=True))
+    app._note_changes("a", cluster_alerts([state]))
+    assert len(app.events) == 2  # over, then back: a new event

@@ -1,7 +1,9 @@
 """Alerts: the few conditions an operator must see without looking for them.
 
 Pure functions over the node states, so the dashboard, ``snapshot`` and tests agree. Each alert
-names its node and says what is wrong in plain words; severity orders them.
+names its node and says what is wrong in plain words; severity orders them. An alert's identity
+(:attr:`Alert.key`) is its kind, node and subject, never its text: the text carries live numbers
+(``MemAvailable 7.3 GiB``) that move while the condition lasts, and the condition is one event.
 """
 
 from __future__ import annotations
@@ -22,29 +24,38 @@ class Alert:
     node: str
     severity: Severity
     text: str
+    kind: str = ""  # what is wrong: "down", "low-memory", "container-restarting", ...
+    subject: str = ""  # what it is wrong with, when a node can have several (a container's name)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The alert's identity: the same condition on the same thing keeps it while its text changes."""
+        return (self.kind or self.text, self.node, self.subject)
 
 
 def node_alerts(state: NodeState) -> list[Alert]:
     """Alerts that one node raises on its own."""
     out: list[Alert] = []
     if state.status is NodeStatus.DOWN:
-        out.append(Alert(state.name, "critical", f"node down: {state.reason}"))
+        out.append(Alert(state.name, "critical", f"node down: {state.reason}", kind="down"))
     elif state.status is NodeStatus.STALE:
-        out.append(Alert(state.name, "warning", f"stale: {state.reason}"))
+        out.append(Alert(state.name, "warning", f"stale: {state.reason}", kind="stale"))
     sample = state.sample
     if sample is None:
         return out
     frac = sample.memory.available_fraction
     if frac is not None and frac < LOW_MEMORY_FRACTION:
         avail = (sample.memory.available_bytes or 0) / 2**30
-        out.append(Alert(state.name, "critical", f"MemAvailable {avail:.1f} GiB ({frac:.0%}) — under 10%"))
+        out.append(Alert(state.name, "critical", f"MemAvailable {avail:.1f} GiB ({frac:.0%}) — under 10%",
+                         kind="low-memory"))
     if sample.links:
         up = [link for link in sample.links if link.state == "up"]
         if not up:
-            out.append(Alert(state.name, "critical", "ConnectX-7 link down: no twin is Up"))
+            out.append(Alert(state.name, "critical", "ConnectX-7 link down: no twin is Up", kind="links-down"))
     for c in sample.containers:
         if c.state == "restarting" or (c.status or "").startswith("Restarting"):
-            out.append(Alert(state.name, "warning", f"container {c.name} is restarting"))
+            out.append(Alert(state.name, "warning", f"container {c.name} is restarting",
+                             kind="container-restarting", subject=c.name))
     return out
 
 
@@ -61,11 +72,11 @@ def cluster_alerts(states: Sequence[NodeState]) -> list[Alert]:
     drivers = {s.name: s.sample.driver_version for s in sampled if s.sample and s.sample.driver_version}
     if len(set(drivers.values())) > 1:
         detail = ", ".join(f"{n} {v}" for n, v in drivers.items())
-        out.append(Alert("cluster", "warning", f"driver versions differ: {detail}"))
+        out.append(Alert("cluster", "warning", f"driver versions differ: {detail}", kind="driver-differs"))
     cudas = {s.name: s.sample.cuda_version for s in sampled if s.sample and s.sample.cuda_version}
     if len(set(cudas.values())) > 1:
         detail = ", ".join(f"{n} {v}" for n, v in cudas.items())
-        out.append(Alert("cluster", "warning", f"CUDA versions differ: {detail}"))
+        out.append(Alert("cluster", "warning", f"CUDA versions differ: {detail}", kind="cuda-differs"))
     max_clocks = {}
     for s in sampled:
         gpu = _first_gpu(s.sample)
@@ -73,6 +84,6 @@ def cluster_alerts(states: Sequence[NodeState]) -> list[Alert]:
             max_clocks[s.name] = gpu.clock_max_sm_mhz
     if len(max_clocks) > 1 and max(max_clocks.values()) - min(max_clocks.values()) > 50:
         detail = ", ".join(f"{n} {v:.0f} MHz" for n, v in max_clocks.items())
-        out.append(Alert("cluster", "warning", f"max GPU clocks differ: {detail}"))
+        out.append(Alert("cluster", "warning", f"max GPU clocks differ: {detail}", kind="clocks-differ"))
     order = {"critical": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda a: order[a.severity])
