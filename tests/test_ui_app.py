@@ -7,6 +7,7 @@ with the same SSH transport, probe and parsers it uses for real Sparks.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from textual.widgets import DataTable, Input
@@ -28,6 +29,16 @@ SIZE = (160, 48)
 @pytest.fixture(autouse=True)
 def _state_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+
+
+async def until(pilot, condition, timeout: float = 20.0) -> None:
+    """Wait on a condition (never a fixed sleep)."""
+    import asyncio
+
+    end = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < end, "condition not met in time"
+        await pilot.pause(0.02)
 
 
 def card_text(app, index: int) -> str:
@@ -486,3 +497,82 @@ async def test_a_stuck_poll_is_cancelled_and_said(tmp_path):
         assert state.status is NodeStatus.STALE and "probe stuck" in state.reason
         assert not any(w.group == "poll:spark-5be3" and not w.is_finished for w in app.workers)
         assert any("probe stuck" in text for _, _, text in app.events)
+
+
+async def test_r_polls_while_paused_and_so_does_the_refresh_after_a_service_action(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("p")
+        assert app.paused
+        before = len(app.states()[0].history.values("gpu_util"))
+        await pilot.press("r")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert len(app.states()[0].history.values("gpu_util")) == before + 1
+        assert app.paused  # `r` polls once; it does not resume
+        # a service action's own refresh shows its effect while paused, no poll needed from us
+        await pilot.press("1")
+        await _select(app, pilot, "reranker")
+        await pilot.press("s")
+        await pilot.pause()
+        await pilot.press("y")
+        await run_actions(pilot, app)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        head = app.node_state("spark-1a32").sample
+        assert next(c for c in head.containers if c.name == "reranker").state == "exited"
+
+
+async def test_a_service_action_whose_journal_cannot_be_written_is_said(tmp_path):
+    app = demo_app(tmp_path)
+    (tmp_path / "journal.jsonl").mkdir()  # the journal's path is a folder: writing it fails
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("1")
+        await _select(app, pilot, "reranker")
+        await pilot.press("s")
+        await pilot.pause()
+        await pilot.press("y")
+        await run_actions(pilot, app)
+        await pilot.pause()
+        errors = [n for n in app._notifications if n.severity == "error"]
+        assert errors and "service action failed" in errors[-1].message
+        assert "journal.jsonl" in errors[-1].message
+        assert any(sev == "critical" and "service action failed" in text for _, sev, text in app.events)
+
+
+async def test_a_screen_workers_failure_reaches_the_same_handler(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("1")
+        await pilot.pause()
+
+        async def broken(_services):
+            raise RuntimeError("systemctl exploded")
+
+        app.controller("spark-1a32").unit_states = broken
+        app.config = replace(app.config, services=("ollama.service",))
+        app.screen.load_units()
+        await until(pilot, lambda: any("systemctl" in n.message for n in app._notifications))
+        assert any("systemctl exploded" in n.message and n.severity == "error" for n in app._notifications)
+        assert any("systemctl exploded" in text for _, _, text in app.events)
+
+
+@pytest.mark.parametrize("argv", [["--demo", "--read-only"], ["demo", "--read-only"], ["tui", "--demo", "--read-only"]])
+def test_demo_read_only_reaches_the_console(argv, monkeypatch):
+    import sparkconsole.ui.app as ui_app
+    from sparkconsole.cli import main
+
+    seen = []
+    monkeypatch.setattr(ui_app, "run_console", lambda config=None, *, demo=None, **kw: seen.append(demo) or 0)
+    assert main(argv) == 0
+    assert len(seen) == 1 and seen[0].read_only
+
+
+async def test_a_read_only_demo_cluster_is_read_only_too(tmp_path):
+    app = demo_app(tmp_path, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot, app)
+        assert app.config.read_only and app.demo_cluster.config.read_only

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import sys
 
 from sparkconsole.errors import UserError
@@ -74,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             pass
         return 0
-    opts = DemoOptions(nodes=args.nodes, scenario=args.scenario, speed=args.speed)
-    if args.read_only and any(f.name == "read_only" for f in dataclasses.fields(opts)):
-        opts = dataclasses.replace(opts, read_only=True)  # type: ignore[call-arg]
+    opts = DemoOptions(nodes=args.nodes, scenario=args.scenario, speed=args.speed, read_only=bool(args.read_only))
     return run_console(demo=opts)
 
 

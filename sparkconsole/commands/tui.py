@@ -25,6 +25,6 @@ def run(args: argparse.Namespace) -> int:
 
         raise UserError("--interval must be more than 0 seconds")
     if args.demo:
-        return run_console(demo=DemoOptions(), interval=args.interval)
+        return run_console(demo=DemoOptions(read_only=bool(args.read_only)), interval=args.interval)
     config = cluster_from_args(args)
     return run_console(config, interval=args.interval)

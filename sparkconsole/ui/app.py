@@ -145,7 +145,7 @@ class SparkConsoleApp(App[int]):
         self._controllers: dict[str, ServiceController] = {}
         self.events: deque[tuple[float, str, str]] = deque(maxlen=200)  # (time, severity, text)
         self._last_status: dict[str, NodeStatus] = {}
-        self._last_alerts: set[str] = set()
+        self._last_alerts: set[tuple[str, str, str]] = set()  # Alert.key: kind, node, subject
 
     # ---- life cycle ---------------------------------------------------------------------------
 
@@ -157,7 +157,7 @@ class SparkConsoleApp(App[int]):
             from sparkconsole.sim import start_demo_cluster
 
             kwargs: dict[str, Any] = {"nodes": self.demo.nodes, "scenario": self.demo.scenario,
-                                      "speed": self.demo.speed}
+                                      "speed": self.demo.speed, "read_only": self.demo.read_only}
             if self.demo.sim_clock is not None:
                 kwargs["clock"] = self.demo.sim_clock
             try:
@@ -195,14 +195,16 @@ class SparkConsoleApp(App[int]):
 
     # ---- polling --------------------------------------------------------------------------------
 
-    async def _poll(self, name: str) -> str:
+    async def _poll(self, name: str, force: bool = False) -> str:
         assert self.poller is not None
-        if not self.paused:
+        if force or not self.paused:
             await self.poller.pollers[name].poll_once()
         return name
 
-    def poll_node(self, name: str) -> None:
-        """Start one poll of ``name`` unless one is running (its end arms the next)."""
+    def poll_node(self, name: str, force: bool = False) -> None:
+        """Start one poll of ``name`` unless one is running (its end arms the next). ``force`` polls
+        even while paused (``r``, the refresh after a service action): decided now, not when the
+        worker runs."""
         group = f"poll:{name}"
         if any(w.group == group and w.state in (WorkerState.PENDING, WorkerState.RUNNING) for w in self.workers):
             return
@@ -210,16 +212,16 @@ class SparkConsoleApp(App[int]):
         if timer is not None:
             timer.stop()
         self._poll_started[name] = time.monotonic()
-        self.run_worker(self._poll(name), name=group, group=group, exit_on_error=False,
+        self.run_worker(self._poll(name, force), name=group, group=group, exit_on_error=False,
                         description=f"poll {name}")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        """The one place poll workers end: show the result, then arm the next poll."""
+        """The one place poll workers end (show the result, then arm the next poll), and where
+        every other worker's failure reaches the user (screens forward theirs here)."""
         worker = event.worker
-        if worker.group == "wizard":
-            self._wizard_worker_ended(event)
-            return
         if not worker.group.startswith("poll:"):
+            if event.state is WorkerState.ERROR:
+                self.worker_failed(worker)
             return
         name = worker.group.split(":", 1)[1]
         if event.state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
@@ -238,14 +240,22 @@ class SparkConsoleApp(App[int]):
             if self.is_running and self.autopoll:
                 self._poll_timers[name] = self.set_timer(self.interval, partial(self.poll_node, name))
 
-    def _wizard_worker_ended(self, event: Worker.StateChanged) -> None:
-        """A deployment run that crashed (not one that stopped at a step: that is its result)."""
-        if event.state is not WorkerState.ERROR:
-            return
-        error = event.worker.error
+    WORKER_WHAT = {
+        "wizard": "the deployment run ended",
+        "service-action": "a service action failed",
+        "detail-units": "reading the systemd units failed",
+        "log-follow": "following the log failed",
+    }
+
+    def worker_failed(self, worker: Worker) -> None:
+        """The one handler for a worker that raised (not one that stopped at a step: that is its
+        result): a notification and a line in the events strip, never silence."""
+        error = worker.error
         text = error.message if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
-        self.notify(f"the deployment run ended: {text}", title="wizard", severity="error", timeout=10)
-        self.add_event("critical", f"wizard: {text}")
+        what = self.WORKER_WHAT.get(worker.group, worker.description or worker.name or "a background task failed")
+        title = worker.group or "error"
+        self.notify(f"{what}: {text}", title=title, severity="error", timeout=10)
+        self.add_event("critical", f"{title}: {what}: {text}")
 
     def add_event(self, severity: str, text: str) -> None:
         self.events.append((self.clock(), severity, text))
@@ -261,12 +271,14 @@ class SparkConsoleApp(App[int]):
             self.add_event(severity, f"{name}: {state.status.value}" + ("" if state.status is NodeStatus.UP
                                                                            else f" — {state.reason}"))
         self._last_status[name] = state.status
-        current = {f"{a.node}: {a.text}" for a in (self.alerts() if alerts is None else alerts)
-                   if a.node in (name, "cluster") and not a.text.startswith(("stale:", "node down:"))}
-        for text in sorted(current - self._last_alerts):
-            self.add_event("warning", f"alert {text}")
-        self._last_alerts = (self._last_alerts - {t for t in self._last_alerts
-                                                   if t.startswith((f"{name}: ", "cluster: "))}) | current
+        # an alert is one event while it lasts: its identity is kind + node + subject, not its
+        # text, which carries live numbers (MemAvailable 7.3 GiB, 7.2 GiB, ...)
+        current = {a.key: a for a in (self.alerts() if alerts is None else alerts)
+                   if a.node in (name, "cluster") and a.kind not in ("stale", "down")}
+        for key in sorted(current.keys() - self._last_alerts):
+            alert = current[key]
+            self.add_event("warning", f"alert {alert.node}: {alert.text}")
+        self._last_alerts = {k for k in self._last_alerts if k[1] not in (name, "cluster")} | current.keys()
 
     def _show_node(self, name: str) -> None:
         screen = self.screen
@@ -337,10 +349,8 @@ class SparkConsoleApp(App[int]):
     def action_refresh_now(self) -> None:
         if self.poller is None:
             return
-        was_paused, self.paused = self.paused, False
         for name in self.poller.pollers:
-            self.poll_node(name)
-        self.paused = was_paused
+            self.poll_node(name, force=True)
 
     def _set_interval(self, value: float) -> None:
         self.interval = value

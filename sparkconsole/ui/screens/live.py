@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+
+def forward_worker_failure(screen: Screen, event: Worker.StateChanged) -> None:
+    """A screen's worker that raised goes to the app's one handler (notification + events)."""
+    if event.state is WorkerState.ERROR:
+        handler = getattr(screen.app, "worker_failed", None)
+        if handler is not None:
+            handler(event.worker)
 
 
 class LiveScreen(Screen):
@@ -34,3 +43,6 @@ class LiveScreen(Screen):
 
     def refresh_node(self, name: str) -> None:
         self.refresh_all()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        forward_worker_failure(self, event)

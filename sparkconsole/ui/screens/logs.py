@@ -31,6 +31,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Log, ProgressBar, Static
+from textual.worker import Worker
 
 from sparkconsole.logs.follow import (
     ERROR_PATTERN,
@@ -42,6 +43,7 @@ from sparkconsole.logs.follow import (
     compile_pattern,
 )
 from sparkconsole.logs.vllm import VllmLogReport, VllmLogTracker
+from sparkconsole.ui.screens.live import forward_worker_failure
 
 FollowerFactory = Callable[[], AsyncIterable[FollowEvent]]
 MARKER_PREFIX = "──── mark "
@@ -282,6 +284,9 @@ class LogScreen(Screen[None]):
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        forward_worker_failure(self, event)
 
     def handle_event(self, event: FollowEvent) -> None:
         """One follower event into the screen (public so a driver can feed it directly)."""
