@@ -877,3 +877,56 @@ def test_one_node_log_has_no_node_reports():
     t = _feed_lines(_log("02-dgx-spark-nemotron-hybrid-nv2601-ready.log"))
     assert t.node_reports == {}
     assert t.report.node is None and t.report.node_states == ()
+
+
+# --------------------------------------------------------------------------------------------
+# an engine-core traceback with no recognised cause
+
+
+_EC = "(EngineCore_DP0 pid=274) ERROR 01-15 10:00:09 [core.py:708] "
+_EC_TRACEBACK = [
+    "(APIServer pid=1) INFO 01-15 10:00:00 [api_server.py:1000] vLLM API server version 0.11.0",
+    "(APIServer pid=1) INFO 01-15 10:00:01 [utils.py:233] non-default args: {'model': 'Qwen/Qwen3-8B'}",
+    "(EngineCore_DP0 pid=274) INFO 01-15 10:00:05 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with "
+    "config: model='Qwen/Qwen3-8B'",
+    _EC + "Traceback (most recent call last):",
+    _EC + '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 699, in run_engine_core',
+    _EC + "    engine_core = EngineCoreProc(*args, **kwargs)",
+    _EC + "                  ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    _EC + '  File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/models/qwen3.py", line 12, in init',
+    _EC + "    raise Unsupported('rope_scaling')",
+    _EC + "torch._dynamo.exc.Unsupported: rope_scaling",
+]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["as logged", "header cut off", "year in the date", "KeyError"],
+)
+def test_engine_core_traceback_without_known_cause_is_failed_other(variant):
+    lines = list(_EC_TRACEBACK)
+    last = "torch._dynamo.exc.Unsupported: rope_scaling"
+    first = "Traceback (most recent call last):"
+    if variant == "header cut off":
+        del lines[3]
+        first = 'File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 699, in run_engine_core'
+    elif variant == "year in the date":
+        lines = [ln.replace(" 01-15 ", " 2026-01-15 ") for ln in lines]
+    elif variant == "KeyError":
+        lines[-1] = _EC + "KeyError: 'rope_scaling'"
+        last = "KeyError: 'rope_scaling'"
+    r = parse_vllm_log("\n".join(lines) + "\n")
+    assert (r.state, r.failure_kind) == ("failed", "other")
+    assert r.failure_proof == (first, last)
+    assert r.failure_line == f"{first} … {last}"
+    assert r.advice and "full traceback" in r.advice
+    # line by line, as the console reads it, the same
+    assert _feed_lines("\n".join(lines) + "\n").report == r
+
+
+def test_recognised_cause_keeps_its_own_line_not_the_traceback():
+    # an OOM inside the same traceback: the cause is named, the proof is its line
+    lines = [*_EC_TRACEBACK[:-1], _EC + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."]
+    r = parse_vllm_log("\n".join(lines) + "\n")
+    assert (r.state, r.failure_kind, r.failure_proof) == ("failed", "oom", ())
+    assert r.failure_line.startswith("torch.OutOfMemoryError")

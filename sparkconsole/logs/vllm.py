@@ -120,7 +120,7 @@ _TORCH_RANK = re.compile(r"\[rank\d+\]:")
 _REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
 _RECORD = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
-    r"(?:\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}(?:\.\d+)?\s+)?"
+    r"(?:(?:\d{4}-)?\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\s+)?"
     r"\[?(?P<file>[\w./-]{1,200}\.py):(?P<lineno>\d+)\]\s?(?P<msg>.*)",
     re.S,
 )
@@ -213,6 +213,7 @@ _QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 
 _TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
 _BARE_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.){0,6}[A-Z]\w*(?:Error|Exception)(?::\s|:?$)")
+_FRAME = re.compile(r'^File "[^"]+", line \d+')
 _SOURCE_LINE = re.compile(r"^(?:raise\b|File \"|[\^~]+$|except\b|if\b|return\b|self\.|assert\b)")
 
 # Failure signatures (research §2). Order matters within a line: the first that matches names it.
@@ -330,6 +331,8 @@ class VllmLogReport:
     failure_line: str | None = None
     failure_line_no: int | None = None
     failure_node_ip: str | None = None
+    # a failure read from a traceback with no recognised cause: its first and last lines
+    failure_proof: tuple[str, ...] = ()
     advice: str | None = None
     phase_events: tuple[tuple[str, int], ...] = ()
     restarts: int = 0
@@ -527,6 +530,10 @@ class VllmLogTracker:
         self._model_rank = 0
         self._remote_ips: list[str] = []
         self._unsupported: list[str] = []
+        self._tb_open = False  # inside a Python traceback (its frames and exception lines)
+        self._tb_first: str | None = None  # the last traceback seen: its first line
+        self._tb_last: str | None = None  # ... and its last unindented line (the exception)
+        self._signature_other = False  # the "other" failure was a known signature, not a bare traceback
 
     # -- public ----------------------------------------------------------------------------
     def feed(self, line: str, source: str = "") -> None:
@@ -858,10 +865,33 @@ class VllmLogTracker:
 
         self._check_failure(text, msg, level=level, ip=ip)
 
+    def _track_traceback(self, text: str, msg: str, level: str | None) -> None:
+        """Follow a Python traceback (plain, or logged line by line at ERROR as the engine core
+        does): its first line, and its last unindented one, the exception."""
+        if level in _NOT_FAILURE_LEVELS:
+            self._tb_open = False
+            return
+        if _TRACEBACK.match(text) or (level is not None and _FRAME.match(text)):
+            if not self._tb_open:
+                self._tb_open = True
+                self._tb_first = text
+                self._tb_last = None
+            return
+        if not self._tb_open or msg[:1].isspace() or _FRAME.match(text) or text.startswith("raise "):
+            return
+        if text.startswith(("The above exception was", "During handling of the above exception")):
+            return
+        self._tb_last = text
+
     def _check_failure(self, text: str, msg: str, *, level: str | None, ip: str | None) -> None:
+        self._track_traceback(text, msg, level)
         if level in _NOT_FAILURE_LEVELS:
             return
         if _PY_WARNING.search(text) and not _TRACEBACK.match(text):
+            return
+        if level == "ERROR" and self._level < 2 and _FRAME.match(text):
+            # a frame logged at ERROR (an engine core's traceback, its header cut off)
+            self._fail("other", text, ip, specific=False)
             return
         if msg[:1] in (" ", "\t") and _SOURCE_LINE.match(text):
             return  # a traceback's source line (`raise ValueError(f"...")`), not the error itself
@@ -874,6 +904,8 @@ class VllmLogTracker:
                 self._seen = True
                 if kind == "unsupported_architecture":
                     self._note_architectures(text)
+                if kind == "other" and not (self._kind_locked and self._kind == "other"):
+                    self._signature_other = True
                 self._fail(kind, text, ip, specific=True)
                 return
         if _GENERIC_FATAL.search(text):
@@ -962,6 +994,12 @@ class VllmLogTracker:
             phase = None
         elif phase is None:
             phase = PHASE_STARTING if state == "starting" else PHASE_LOADING
+        proof: tuple[str, ...] = ()
+        failure_line = self._failure_line if self._failed else None
+        if self._failed and self._kind == "other" and not self._signature_other and self._tb_first:
+            # no recognised cause: the traceback is the evidence, from its first line to its last
+            proof = (self._tb_first,) if not self._tb_last else (self._tb_first, self._tb_last)
+            failure_line = " … ".join(proof)
         values = {k: v.get(k) for k in _VALUE_KEYS}
         if values["load_seconds"] is None:
             values["load_seconds"] = values["weights_seconds"]
@@ -972,7 +1010,8 @@ class VllmLogTracker:
             compiling=phase == PHASE_COMPILING,
             unsupported_architectures=tuple(self._unsupported),
             remote_ips=tuple(self._remote_ips),
-            failure_line=self._failure_line if self._failed else None,
+            failure_line=failure_line,
+            failure_proof=proof,
             failure_line_no=self._failure_line_no if self._failed else None,
             failure_node_ip=self._failure_ip if self._failed else None,
             phase_events=tuple(self._events),
@@ -1093,6 +1132,12 @@ def advise(report: VllmLogReport) -> str | None:
     if "SafetensorError" in line:
         return (
             "A weight file is damaged or incomplete: verify the download (sizes, hashes) and copy it again."
+        )
+    if report.failure_proof:
+        return (
+            "The server failed with an error the console does not recognise: read the full traceback in "
+            f"the log, from '{report.failure_proof[0]}' to '{report.failure_proof[-1]}' — its last line "
+            "names the exception, the frames above it show where it was raised."
         )
     return "The server failed to start: the first error above (failure_line) is the root cause."
 
