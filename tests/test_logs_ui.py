@@ -321,3 +321,58 @@ async def test_log_screen_follows_a_real_container_through_ssh(sshd, tmp_path) -
         await transport.close()
         with contextlib.suppress(StopIteration):
             next(labs)
+
+
+def test_the_load_and_kv_lines_say_only_what_is_known() -> None:
+    from sparkconsole.logs.vllm import VllmLogReport
+
+    facts = report_lines(VllmLogReport(state="starting", load_seconds=10.7))["facts"]
+    assert "?" not in facts and facts == "weights loaded in 10.7 s"
+    facts = report_lines(VllmLogReport(state="starting", model_load_gib=61.5, load_seconds=10.7))["facts"]
+    assert facts == "loaded 61.50 GiB in 10.7 s"
+    facts = report_lines(VllmLogReport(state="starting", kv_cache_tokens=120_000))["facts"]
+    assert "?" not in facts and facts == "KV cache 120,000 tokens"
+
+
+async def test_following_keeps_the_last_line_in_view_when_the_vllm_panel_grows() -> None:
+    fake = FakeFollower()
+    app = _log_app(fake)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen: LogScreen = app.screen  # type: ignore[assignment]
+        log = screen.query_one("#log", Log)
+        fake.lines([f"plain line {i}" for i in range(80)])
+        await until(pilot, lambda: len(screen.buffer) == 80)
+        await until(pilot, lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y)
+        height_before = log.size.height
+        lines = real_lines(VLLM_02)
+        fake.lines(lines)  # the panel appears and grows above the log as the engine starts
+        await until(pilot, lambda: len(screen.buffer) == 80 + len(lines))
+        panel = screen.query_one("#vllm-panel")
+        await until(pilot, lambda: panel.has_class("-seen") and log.size.height < height_before)
+        await pilot.pause()
+        assert screen.following and "following" in screen.status_text
+        assert log.scroll_y == log.max_scroll_y  # the newest line is on screen
+        assert log.scroll_y + log.scrollable_content_region.height >= len(screen.buffer)
+
+
+async def test_a_new_line_under_a_filter_does_not_rescan_the_buffer() -> None:
+    fake = FakeFollower()
+    app = _log_app(fake, vllm=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen: LogScreen = app.screen  # type: ignore[assignment]
+        fake.lines([f"{'ERROR' if i % 3 == 0 else 'info'} line {i}" for i in range(300)])
+        await until(pilot, lambda: len(screen.buffer) == 300)
+        screen.set_pattern("error")
+        screen.action_toggle_filter()
+        await pilot.pause()
+        assert "(100)" in screen.status_text
+        scans = []
+        real_matches = screen.buffer.matches
+        screen.buffer.matches = lambda pattern: scans.append(pattern) or real_matches(pattern)  # type: ignore[method-assign]
+        screen.action_marker()
+        fake.lines(["ERROR one more", "info not shown"])
+        await until(pilot, lambda: len(screen.buffer) == 303)
+        await pilot.pause()
+        assert scans == []
+        assert "(101)" in screen.status_text  # the count kept line by line, markers not counted
+        assert screen.query_one("#log", Log).line_count == 102

@@ -96,15 +96,16 @@ def report_lines(r: VllmLogReport) -> dict[str, str]:
             bits.append(f"ETA {_clock(r.shard_eta_s)}")
         out["shards"] = " · ".join(bits)
     facts = []
+    # say only what is known: a size logged later is not a "?" now
     if r.model_load_gib is not None or r.load_seconds is not None:
-        load = f"loaded {_gib(r.model_load_gib)}"
+        load = "weights loaded" if r.model_load_gib is None else f"loaded {_gib(r.model_load_gib)}"
         if r.load_seconds is not None:
             load += f" in {r.load_seconds:.1f} s"
         facts.append(load)
     if r.kv_cache_gib is not None or r.kv_cache_tokens is not None:
-        kv = f"KV cache {_gib(r.kv_cache_gib)}"
+        kv = "KV cache" + ("" if r.kv_cache_gib is None else f" {_gib(r.kv_cache_gib)}")
         if r.kv_cache_tokens is not None:
-            kv += f" · {r.kv_cache_tokens:,} tokens"
+            kv += f"{' ·' if r.kv_cache_gib is not None else ''} {r.kv_cache_tokens:,} tokens"
         if r.max_concurrency is not None:
             kv += f" · max concurrency {r.max_concurrency:.2f}x"
         facts.append(kv)
@@ -167,6 +168,15 @@ class VllmPanel(Vertical):
             w = self.query_one(f"#vllm-{part}", Static)
             w.set_class(part not in texts, "-empty")
             w.update(texts.get(part, ""))
+
+
+class FollowedLog(Log):
+    """The log view: while its screen follows, the last line stays in view when the view gets
+    shorter (the vLLM panel above it grows) as well as when lines come."""
+
+    def on_resize(self) -> None:
+        if getattr(self.screen, "following", False):
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
 
 
 class LogScreen(Screen[None]):
@@ -237,6 +247,8 @@ class LogScreen(Screen[None]):
         self.stream_state = "connecting"  # connecting / live / dropped
         self.drops = 0
         self._view: list[int] | None = None  # filtered: absolute buffer index per Log line
+        self._marker_abs: list[int] = []  # absolute buffer index of every marker (markers pass any filter)
+        self._rx: re.Pattern[str] | None = None  # the compiled pattern, once per pattern
         self._search_intent = "search"
         self._panel_scheduled = False
         self._last_report: VllmLogReport | None = None
@@ -249,7 +261,7 @@ class LogScreen(Screen[None]):
         if self.tracker is not None:
             yield VllmPanel(id="vllm-panel")
         yield Static(id="log-banner")
-        log = Log(max_lines=self.max_lines, auto_scroll=True, highlight=True, id="log")
+        log = FollowedLog(max_lines=self.max_lines, auto_scroll=True, highlight=True, id="log")
         log.highlighter = self.highlighter
         yield log
         with Horizontal(id="log-status-row"):
@@ -334,9 +346,11 @@ class LogScreen(Screen[None]):
     def _show(self, display: str, *, is_marker: bool) -> None:
         log = self.log_view
         absolute = self.buffer.dropped + len(self.buffer) - 1
+        if is_marker:
+            self._marker_abs.append(absolute)
         if (
-            self.filter_on and self.pattern and not is_marker
-            and not compile_pattern(self.pattern).search(display)
+            self.filter_on and self._rx is not None and not is_marker
+            and not self._rx.search(display)
         ):
             self._prune_view()
             return
@@ -409,9 +423,24 @@ class LogScreen(Screen[None]):
         parts.append("following" if self._following else "paused")
         parts.append(f"{len(self.buffer)} lines")
         if self.pattern:
-            n = len(self.buffer.matches(self.pattern)) - self.buffer.markers if self.filter_on else None
+            n = self._filter_count() if self.filter_on else None
             parts.append(f"{'filter' if self.filter_on else 'search'}: {self.pattern!r}" + (f" ({n})" if n is not None else ""))
         self.query_one("#log-status", Static).update(" · ".join(parts))
+
+    def _filter_count(self) -> int:
+        """Matching lines shown by the filter, markers not counted; from the view kept line by
+        line, never a re-scan of the buffer."""
+        if self._view is None:
+            return len(self.buffer) - self._markers_from(self.buffer.dropped)
+        if not self._view:
+            return 0
+        return len(self._view) - self._markers_from(self._view[0])
+
+    def _markers_from(self, absolute: int) -> int:
+        cut = bisect.bisect_left(self._marker_abs, self.buffer.dropped)
+        if cut:
+            del self._marker_abs[:cut]  # pushed out of the buffer
+        return len(self._marker_abs) - bisect.bisect_left(self._marker_abs, absolute)
 
     @property
     def status_text(self) -> str:
@@ -490,6 +519,7 @@ class LogScreen(Screen[None]):
 
     def set_pattern(self, pattern: str) -> None:
         self.pattern = pattern.strip()
+        self._rx = compile_pattern(self.pattern) if self.pattern else None
         self.cursor = None
         self.highlighter.pattern = compile_pattern(self.pattern) if self.pattern else None
         if self.filter_on:
