@@ -238,3 +238,46 @@ def test_demo_bad_arguments_are_one_line_and_exit_2(tmp_path, args, says):
     assert len(lines) == 1, r.stderr
     assert "error" in lines[0] and says in lines[0], lines[0]
     assert "Traceback" not in r.stderr
+
+
+# --- demo --serve stopped by a signal -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_demo_serve_stopped_by_a_signal_removes_its_folder_and_key(tmp_path, sig):
+    env = _env(tmp_path)
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen([_sparkconsole(), "demo", "--serve"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = line_reader(proc.stdout)
+        workdir: Path | None = None
+        deadline = time.monotonic() + 20
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, "demo --serve did not come up in 20 s"
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            assert line is not None, f"demo --serve exited early: {proc.stderr.read()!r}"
+            if line.startswith("Files: "):
+                workdir = Path(line.split()[1])
+            if line.startswith("Try:"):
+                break
+        assert workdir is not None and workdir.parent == tmp_path / "tmp"
+        assert (workdir / "id_ed25519").exists()
+        proc.send_signal(sig)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        err = proc.stderr.read()
+        proc.stderr.close()
+        proc.stdout.close()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert not workdir.exists(), "the client's private key must go with the demo"
+    assert list((tmp_path / "tmp").iterdir()) == []

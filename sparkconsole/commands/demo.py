@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import signal
 import sys
 
 from sparkconsole.errors import UserError
@@ -74,12 +76,47 @@ def run(args: argparse.Namespace) -> int:
             pass
         return 0
     opts = DemoOptions(nodes=args.nodes, scenario=args.scenario, speed=args.speed, read_only=bool(args.read_only))
-    return run_console(demo=opts)
+    with _workdirs_removed_on_signal():
+        return run_console(demo=opts)
+
+
+# What stops the demo as Ctrl-C does: a service manager or `kill` (SIGTERM), the terminal going away (SIGHUP).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGHUP, so the cluster is torn down (its folder, client key
+    included, removed) as after Ctrl-C."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+@contextlib.contextmanager
+def _workdirs_removed_on_signal():
+    """While the console runs the demo in its own loop: SIGTERM or SIGHUP first removes the demo's
+    temporary folders, then ends the process as that signal does."""
+    from sparkconsole.sim.server import remove_workdirs
+
+    def handler(signum, frame) -> None:
+        remove_workdirs()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 async def _serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> None:
     from sparkconsole.sim import start_demo_cluster
 
+    stop = _stop_on_signals()
     async with start_demo_cluster(nodes=args.nodes, scenario=args.scenario, speed=args.speed,
                                   read_only=args.read_only) as demo:
         print(f"Simulated cluster '{args.scenario}' with {args.nodes} Spark(s), speed x{args.speed:g}. "
@@ -95,7 +132,7 @@ async def _serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -
         sys.stdout.flush()
         if ready is not None:
             ready.set()
-        await asyncio.get_running_loop().create_future()
+        await stop.wait()
 
 
 def _fmt_line(name: str, sample, status: str) -> str:
@@ -117,6 +154,7 @@ async def _live_view(args: argparse.Namespace) -> None:
     """The plain text view: one line per node per second (used when the UI is not available)."""
     from sparkconsole.sim import start_demo_cluster
 
+    stop = _stop_on_signals()
     async with start_demo_cluster(nodes=args.nodes, scenario=args.scenario, speed=args.speed,
                                   read_only=args.read_only) as demo:
         try:
@@ -127,12 +165,13 @@ async def _live_view(args: argparse.Namespace) -> None:
             return
         poller = ClusterPoller(demo.config, interval=1.0)
         try:
-            while True:
+            while not stop.is_set():
                 states = await poller.poll_all()
                 for st in states:
                     print(_fmt_line(st.name, st.sample, getattr(st.status, "value", str(st.status))))
                 print("", flush=True)
-                await asyncio.sleep(1.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
         finally:
             with contextlib.suppress(Exception):
                 await poller.close()

@@ -299,11 +299,27 @@ class DemoCluster:
         await self.servers[node].freeze()
 
     async def stop(self) -> None:
-        for srv in self.servers.values():
-            await srv.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        try:
+            for srv in self.servers.values():
+                await srv.stop()
+        finally:
+            if self._tmp is not None:
+                _LIVE_WORKDIRS.discard(self._tmp)
+                self._tmp.cleanup()
+                self._tmp = None
+
+
+# The temporary folders of the demo clusters running in this process (the client's private key is
+# in them): :func:`remove_workdirs` takes them away when the process must end at once (a signal).
+_LIVE_WORKDIRS: set[tempfile.TemporaryDirectory[str]] = set()
+
+
+def remove_workdirs() -> None:
+    """Remove every running demo cluster's temporary folder now (safe from a signal handler)."""
+    while _LIVE_WORKDIRS:
+        tmp = _LIVE_WORKDIRS.pop()
+        with contextlib.suppress(OSError):
+            tmp.cleanup()
 
 
 async def start_cluster(sim: SimCluster, workdir: str | os.PathLike[str] | None = None,
@@ -311,6 +327,7 @@ async def start_cluster(sim: SimCluster, workdir: str | os.PathLike[str] | None 
     tmp = None
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="sparkconsole-demo-")
+        _LIVE_WORKDIRS.add(tmp)
         workdir = tmp.name
     wd = Path(workdir)
     wd.mkdir(parents=True, exist_ok=True)
