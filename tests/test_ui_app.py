@@ -576,3 +576,29 @@ async def test_a_read_only_demo_cluster_is_read_only_too(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
         assert app.config.read_only and app.demo_cluster.config.read_only
+
+
+async def test_the_node_detail_keeps_cursor_and_scroll_across_ticks(tmp_path):
+    app = demo_app(tmp_path)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("1")
+        await pilot.pause()
+        links = app.screen.query_one("#links-table", DataTable)
+        services = app.screen.query_one("#containers-table", DataTable)
+        assert links.row_count >= 2 and services.row_count >= 2
+        links.move_cursor(row=1)
+        services.move_cursor(row=2)
+        detail = app.screen.query_one("#detail")
+        detail.scroll_end(animate=False, immediate=True)
+        await pilot.pause()
+        scroll = detail.scroll_y
+        assert scroll > 0
+        cleared = []
+        for table in (links, services):
+            real_clear = table.clear
+            table.clear = lambda *a, _real=real_clear, _t=table, **k: cleared.append(_t.id) or _real(*a, **k)
+        await poll_ticks(pilot, app, ticks=3)
+        assert cleared == []  # the same rows: cells are updated in place, the tables never emptied
+        assert links.cursor_row == 1 and services.cursor_row == 2
+        assert detail.scroll_y == scroll

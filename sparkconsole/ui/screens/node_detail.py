@@ -6,6 +6,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from sparkconsole.probe.samples import NodeSample
@@ -19,6 +20,30 @@ from sparkconsole.ui.widgets.node_card import card_renderable
 
 def _cpu(value: float | None) -> str:
     return fmt(value, " %", 1)
+
+
+def sync_table(table: DataTable, rows: list[tuple[str, tuple]]) -> None:
+    """Show ``rows`` (key, cells) in ``table`` without clearing it when it need not be: the same
+    keys in the same order update the cells that changed, so the cursor and the scroll stay. When
+    the rows themselves change, the table is rebuilt and the cursor goes back to its row's key."""
+    current = [row_key.value for row_key in table.rows]
+    if current == [key for key, _ in rows]:
+        for r, (_, cells) in enumerate(rows):
+            old = table.get_row_at(r)
+            for c, value in enumerate(cells):
+                if str(old[c]) != str(value) or type(old[c]) is not type(value) or (
+                        isinstance(value, Text) and value.style != old[c].style):
+                    table.update_cell_at(Coordinate(r, c), value)
+        return
+    selected = current[table.cursor_row] if 0 <= table.cursor_row < len(current) else None
+    scroll = table.scroll_offset
+    table.clear()
+    for key, cells in rows:
+        table.add_row(*cells, key=key)
+    keys = [key for key, _ in rows]
+    if selected in keys:
+        table.move_cursor(row=keys.index(selected), scroll=False)
+    table.scroll_to(scroll.x, scroll.y, animate=False, immediate=True)
 
 
 class NodeDetailScreen(LiveScreen):
@@ -120,40 +145,34 @@ class NodeDetailScreen(LiveScreen):
         return text
 
     def _fill_links(self, sample: NodeSample | None) -> None:
-        table = self.query_one("#links-table", DataTable)
-        table.clear()
+        rows = []
         for link in sample.links if sample else ():
             state = Text(link.state or DASH, style="green" if link.state == "up" else "red")
-            table.add_row(link.rdma_device, fmt(link.port), link.netdev or DASH, state, fmt(link.rate_gbps, " Gb/s"),
-                          ", ".join(link.ipv4) or DASH, fmt(link.mtu),
-                          DASH if link.carrier is None else ("yes" if link.carrier else "no"))
+            rows.append((f"{link.rdma_device}:{link.port}", (
+                link.rdma_device, fmt(link.port), link.netdev or DASH, state, fmt(link.rate_gbps, " Gb/s"),
+                ", ".join(link.ipv4) or DASH, fmt(link.mtu),
+                DASH if link.carrier is None else ("yes" if link.carrier else "no"))))
+        sync_table(self.query_one("#links-table", DataTable), rows)
 
     def services(self) -> list[Service]:
         sample = self.app.node_state(self.node).sample  # type: ignore[attr-defined]
         return [*services_from_containers(sample.containers if sample else ()), *self.units]
 
     def _fill_containers(self, sample: NodeSample | None) -> None:
-        table = self.query_one("#containers-table", DataTable)
-        selected = self.selected_service()
-        table.clear()
         needle = self.filter_text.lower()
         stats = {c.name: c for c in (sample.containers if sample else ())}
+        rows: list[tuple[str, tuple]] = []
         for svc in self.services():
             if needle and needle not in svc.name.lower() and needle not in (svc.image or "").lower():
                 continue
             style = {"running": "green", "active": "green", "restarting": "dark_orange", "exited": "dim",
                      "failed": "red"}.get(svc.state or "", "")
             c = stats.get(svc.name) if svc.kind == "container" else None
-            table.add_row(svc.name, svc.kind, svc.image or DASH, Text(svc.state or DASH, style=style),
-                          svc.detail or svc.reason or DASH, _cpu(c.cpu_pct if c else None),
-                          DASH if c is None or c.mem_used_bytes is None else f"{gib(c.mem_used_bytes)} GiB",
-                          key=f"{svc.kind}:{svc.name}")
-        if selected is not None:
-            key = f"{selected.kind}:{selected.name}"
-            for row, row_key in enumerate(table.rows):
-                if row_key.value == key:
-                    table.move_cursor(row=row)
-                    break
+            rows.append((f"{svc.kind}:{svc.name}", (
+                svc.name, svc.kind, svc.image or DASH, Text(svc.state or DASH, style=style),
+                svc.detail or svc.reason or DASH, _cpu(c.cpu_pct if c else None),
+                DASH if c is None or c.mem_used_bytes is None else f"{gib(c.mem_used_bytes)} GiB")))
+        sync_table(self.query_one("#containers-table", DataTable), rows)
 
     def selected_service(self) -> Service | None:
         table = self.query_one("#containers-table", DataTable)
@@ -184,10 +203,9 @@ class NodeDetailScreen(LiveScreen):
             self.load_units()
 
     def _fill_procs(self, sample: NodeSample | None) -> None:
-        table = self.query_one("#gpu-procs-table", DataTable)
-        table.clear()
-        for p in sample.gpu_processes if sample else ():
-            table.add_row(fmt(p.pid), p.name or DASH, fmt(p.memory_mib, " MiB"))
+        rows = [(f"{p.pid}:{p.name}", (fmt(p.pid), p.name or DASH, fmt(p.memory_mib, " MiB")))
+                for p in (sample.gpu_processes if sample else ())]
+        sync_table(self.query_one("#gpu-procs-table", DataTable), rows)
 
     def action_back(self) -> None:
         box = self.query_one("#container-filter", Input)
