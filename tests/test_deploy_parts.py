@@ -245,3 +245,27 @@ def test_latest_for_a_cluster(tmp_path):
     store.save(a)
     store.save(b)
     assert store.latest_for("sparks").id == a.id and store.latest_for("none") is None
+
+
+async def test_waiting_on_a_job_gives_up_when_its_node_stops_answering(tmp_path):
+    """A node that never answers again must not hold the deployment forever: the wait ends with the
+    node named and the way back (--resume re-attaches; the job keeps running there)."""
+    from sparkconsole.config import ClusterConfig, NodeConfig
+    from sparkconsole.deploy.runner import Runner, Settings, StepFailed
+    from sparkconsole.deploy.state import Job
+    from sparkconsole.errors import TransportError
+
+    class Silent:
+        node = "n1"
+
+        async def run(self, cmd, timeout=30.0, input=None):
+            raise TransportError("n1: connection lost")
+
+    cfg = ClusterConfig(nodes=(NodeConfig(name="n1", host="127.0.0.1"),))
+    events = []
+    r = Runner(config=cfg, state=DeploymentState.new("Q/M", {}, "c"), transports={"n1": Silent()},
+               answer=ScriptedAnswers({}, auto=True), emit=events.append,
+               settings=Settings(poll_s=0.01, unreachable_after_s=0.05))
+    with pytest.raises(StepFailed) as info:
+        await r.wait_job(Job("n1", 42, "/x/j.log", "/x/j.rc", "copy weights"))
+    assert "n1 stopped answering while copy weights ran" in info.value.message and "--resume" in info.value.fix

@@ -73,6 +73,7 @@ class Settings:
     serve_timeout_s: float = 3600.0
     hang_after_s: float = 600.0  # no new engine log line for this long: a hang (SGLang's NCCL stall)
     ray_join_timeout_s: float = 180.0
+    unreachable_after_s: float = 120.0  # wall seconds a node may not answer while a job is waited on
     speed: float = 1.0  # node seconds per wall second (the demo runs accelerated)
 
 
@@ -222,14 +223,23 @@ class Runner:
     async def wait_job(self, job: Job, on_output: Callable[[str], None] | None = None) -> int:
         """Poll the job until it ends; its exit code. A job that neither runs nor left an exit code
         was killed (the node rebooted, someone killed it): -1."""
+        silent_since: float | None = None
         while True:
             if self.cancelled:
                 raise StepFailed("stopped by the operator", f"the job keeps running on {job.node}; --resume "
                                  "re-attaches to it")
             res = await self.read(job.node, job_check(JobFiles(job.log, job.rc), job.pid), quiet=True)
             if res.exit_status is None:
+                now = time.monotonic()
+                silent_since = silent_since or now
+                if now - silent_since > self.settings.unreachable_after_s:
+                    raise StepFailed(f"{job.node} stopped answering while {job.what or 'a job'} ran there "
+                                     f"({res.stderr.strip()[-200:] or 'no answer'})",
+                                     "when the node answers again, --resume re-attaches to the job (it keeps "
+                                     "running on the node)")
                 await asyncio.sleep(self.settings.poll_s)
                 continue
+            silent_since = None
             head, _, rest = res.stdout.partition("\n")
             if on_output is not None and rest:
                 on_output(rest)
