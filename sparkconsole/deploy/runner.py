@@ -215,7 +215,7 @@ class Runner:
         pid = _last_int(res.stdout)
         if not res.ok or pid is None:
             raise StepFailed(f"{node}: could not start {inner.summary or 'the job'}: {_tail(res) or 'no pid'}")
-        job = Job(node=node, pid=pid, log=files.log, rc=files.rc, what=inner.summary)
+        job = Job(node=node, pid=pid, log=files.log, rc=files.rc, what=inner.summary, started=time.time())
         self.state.jobs[key] = job
         self.save()
         return job
@@ -244,13 +244,25 @@ class Runner:
             if on_output is not None and rest:
                 on_output(rest)
             word = head.strip()
-            if word.startswith("rc "):
-                with contextlib.suppress(ValueError):
-                    return int(word.split()[1])
-                return -1
-            if word == "lost":
-                return -1
+            if word.startswith("rc ") or word == "lost":
+                rc = -1
+                with contextlib.suppress(ValueError, IndexError):
+                    rc = int(word.split()[1])
+                self._journal_job_end(job, rc, rest)
+                return rc
             await asyncio.sleep(self.settings.poll_s)
+
+    def _journal_job_end(self, job: Job, rc: int, log_tail: str) -> None:
+        """The journal says how a detached job ended, not only that it was started."""
+        if self.journal is None:
+            return
+        tail = log_tail.strip().replace("\r", "\n").splitlines()[-1:] if rc != 0 else []
+        self.journal.record(node=job.node, command=f"(detached job, pid {job.pid}) {job.what}",
+                            summary=f"{job.what}: ended" if rc >= 0 else f"{job.what}: gone without an exit code",
+                            exit_code=None if rc < 0 else rc,
+                            duration_s=time.time() - job.started if job.started else None,
+                            error=(tail[0] if tail else None) if rc != 0 else None,
+                            deployment=self.state.id, step=self.step)
 
     async def stop_job(self, job: Job) -> None:
         await self.change(job.node, kill_job(job.pid))

@@ -36,6 +36,7 @@ class Job:
     log: str
     rc: str
     what: str
+    started: float = 0.0  # wall time (Unix) it was started, for the journal's duration
 
 
 @dataclass
