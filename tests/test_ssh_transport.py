@@ -24,7 +24,7 @@ from sparkconsole.errors import HostKeyError, TransportError
 from sparkconsole.probe.script import MARK, probe_command, split_tick
 from sparkconsole.remote import RemoteCommand
 from sparkconsole.transport import make_transport
-from sparkconsole.transport.base import LongProcess, Transport
+from sparkconsole.transport.base import CommandTimeout, LongProcess, Transport
 from sparkconsole.transport.hostkeys import add_known_host, host_key_from, key_status, recorded_keys
 from sparkconsole.transport.ssh import SshTransport
 from tests.lab.sshd import JumpPair, LabSshd, keygen, known_hosts_entry
@@ -122,6 +122,19 @@ async def test_timeout_raises_and_closes_the_channel(transport: SshTransport) ->
     assert time.monotonic() - start < 2.5
     assert await wait_until(lambda: not processes_with(marker), 5), "remote command still running"
     # the connection survives a timed-out command
+    assert (await transport.run("echo still-here")).stdout == "still-here\n"
+
+
+async def test_timeout_kills_the_quiet_remote_tree_and_says_so(transport: SshTransport) -> None:
+    """A command that writes nothing (no SIGPIPE to end it), with children, one of them in a
+    session of its own: a timed-out run kills them all on the node, and the error says so."""
+    tag = f"{uuid.uuid4().int % 10**6:06d}"
+    sleeps = [f"300.{tag}{i}" for i in range(3)]
+    cmd = f"sleep {sleeps[0]} & setsid sleep {sleeps[1]} & sleep {sleeps[2]}; wait"
+    with pytest.raises(CommandTimeout, match=r"timed out after 0\.8 s: .*; killed on the node") as err:
+        await transport.run(cmd, timeout=0.8)
+    assert err.value.killed and (err.value.processes or 0) >= 3  # the three sleeps (and the shell)
+    assert await wait_until(lambda: not any(processes_with(s) for s in sleeps), 5), "remote tree survived"
     assert (await transport.run("echo still-here")).stdout == "still-here\n"
 
 

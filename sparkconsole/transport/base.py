@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from sparkconsole.errors import TransportError
 from sparkconsole.remote import RemoteCommand
 
 CommandLike = RemoteCommand | str
@@ -79,3 +80,17 @@ class Transport(Protocol):
 
     @property
     def connected(self) -> bool: ...
+
+
+class CommandTimeout(TransportError):
+    """A ``run`` that did not finish in time, and what became of the command on the node.
+
+    ``killed``: the command's whole process tree was killed there (``processes`` of them), so
+    nothing of it still runs; ``False``: it could not be stopped (the connection was gone, the
+    kill got no answer) and may still be running. The message says which.
+    """
+
+    def __init__(self, message: str, *, killed: bool, processes: int | None = None) -> None:
+        super().__init__(message)
+        self.killed = killed
+        self.processes = processes

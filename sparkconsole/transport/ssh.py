@@ -14,9 +14,19 @@
   fingerprint offered; ``sparkconsole trust`` is the only way to record a key.
 - Jump hosts (``NodeConfig.jump`` or ``ProxyJump`` in the config) are dialled here, hop by hop,
   with the same verification, and the target is reached through a ``direct-tcpip`` tunnel.
-- A dead connection (found on next use, or by asyncssh's keepalive) is dropped and re-opened with
-  exponential backoff and jitter (:meth:`SshTransport.backoff_delays`). While waiting for the
+- A dead connection (found on next use, or by the SSH keepalive: every ``keepalive`` seconds of
+  silence, dropped after ``keepalive_count_max`` unanswered, i.e. ~6 s by default) is dropped and
+  re-opened. Attempts run in the background, never cancelled by a caller's own deadline, so an
+  attempt always ends with the SSH-level reason (connect timeout, refused...) naming host and port.
+  While one attempt is stuck (packets dropped: its SYNs are in TCP's retransmit backoff), a fresh
+  one is started beside it every ``beside_after`` seconds (at most ``max_attempts`` at once), so a
+  node that answers again is reached within seconds, not when TCP gives up. Fast failures
+  (refused, auth) back off exponentially with jitter (:meth:`SshTransport.backoff_delays`); a
+  timed-out attempt has already waited, so the next one may start at once. While waiting for the
   next attempt, calls fail at once with a TransportError instead of blocking the UI.
+- A ``run`` that times out kills the remote command's whole process tree on the node (every
+  process carrying the run's token in its environment) and says so in the
+  :class:`~sparkconsole.transport.base.CommandTimeout` it raises.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import os
 import random
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +46,7 @@ import asyncssh
 
 from sparkconsole.config import NodeConfig
 from sparkconsole.errors import HostKeyError, TransportError
-from sparkconsole.transport.base import CommandLike, CommandResult, command_text
+from sparkconsole.transport.base import CommandLike, CommandResult, CommandTimeout, command_text
 from sparkconsole.transport.hostkeys import (
     default_known_hosts,
     describe,
@@ -47,6 +58,24 @@ from sparkconsole.transport.hostkeys import (
 _ENCODING = {"encoding": "utf-8", "errors": "replace"}
 _MAX_HOPS = 4
 _PTY_MODES = {asyncssh.PTY_ECHO: 0, asyncssh.PTY_OPOST: 0}
+RUN_TOKEN_VAR = "SPARKCONSOLE_RUN"
+_KILLED = "sparkconsole-killed"
+
+
+def _kill_script(token: str) -> str:
+    """Shell text that SIGKILLs every process whose environment carries ``token``, repeated
+    until none is left (a child forked meanwhile inherits it), then prints how many."""
+    pat = f"{RUN_TOKEN_VAR}={token}"
+    return (
+        f"n=0; i=0; while [ $i -lt 5 ]; do i=$((i+1)); "
+        f"p=$(grep -ls '{pat}' /proc/[0-9]*/environ 2>/dev/null | sed 's|^/proc/||; s|/environ$||'); "
+        '[ -n "$p" ] || break; kill -9 $p 2>/dev/null; n=$((n+$(echo $p | wc -w))); done; '
+        f'echo "{_KILLED} $n"'
+    )
+
+
+class _ConnectTimeout(TransportError):
+    """A connection attempt that got no answer within ``connect_timeout``."""
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -161,11 +190,13 @@ class SshTransport:
         node: NodeConfig,
         *,
         connect_timeout: float = 10.0,
-        keepalive: float = 15.0,
-        keepalive_count_max: int = 3,
+        keepalive: float = 2.0,
+        keepalive_count_max: int = 2,
         backoff_base: float = 0.5,
         backoff_factor: float = 2.0,
-        backoff_max: float = 30.0,
+        backoff_max: float = 4.0,
+        beside_after: float = 2.0,
+        max_attempts: int = 4,
         auto_reconnect: bool = True,
         max_sessions: int = 10,
         jump_node: NodeConfig | None = None,
@@ -179,6 +210,9 @@ class SshTransport:
         self.backoff_base = backoff_base
         self.backoff_factor = backoff_factor
         self.backoff_max = backoff_max
+        self.beside_after = beside_after
+        self.max_attempts = max_attempts
+        self.attempts_made = 0  # connection attempts started (beside ones included)
         self.auto_reconnect = auto_reconnect
         self.max_sessions = max_sessions
         self.connections_made = 0  # how many times a connection was opened (1 = never dropped)
@@ -186,7 +220,10 @@ class SshTransport:
         self._last_exc: TransportError | None = None
         self._conn: asyncssh.SSHClientConnection | None = None
         self._hops: list[asyncssh.SSHClientConnection] = []  # jump connections, nearest first
-        self._lock = asyncio.Lock()
+        self._where = f"{node.host}:{node.port or 22}"  # host:port of the last dialled target
+        self._attempts: list[tuple[float, asyncio.Task[asyncssh.SSHClientConnection]]] = []
+        self._outcome: asyncio.Future[asyncssh.SSHClientConnection] | None = None
+        self._beside_timer: asyncio.TimerHandle | None = None
         self._slots = asyncio.Semaphore(max_sessions)
         self._failures = 0
         self._retry_at = 0.0
@@ -306,6 +343,8 @@ class SshTransport:
         if depth > _MAX_HOPS:
             raise TransportError(f"{self.node}: more than {_MAX_HOPS} jump hosts (a ProxyJump loop?)")
         kwargs, probe = self._options(cfg, host, port, user, identity, fallback_identity)
+        if depth == 0:
+            self._where = f"{probe.host}:{probe.port}"
         if jump is None and isinstance(probe.tunnel, str) and probe.tunnel.lower() != "none":
             jump = probe.tunnel  # ProxyJump from the ssh config: dialled here, not by asyncssh
         hops: list[asyncssh.SSHClientConnection] = []
@@ -357,7 +396,7 @@ class SshTransport:
         except socket.gaierror:
             raise TransportError(f"{self.node}: cannot resolve host name {real_host!r}") from None
         except TimeoutError:
-            raise TransportError(
+            raise _ConnectTimeout(
                 f"{self.node}: timed out connecting to {where}{suffix} after {self.connect_timeout:g} s"
             ) from None
         except asyncssh.ChannelOpenError as exc:
@@ -391,17 +430,25 @@ class SshTransport:
         return HostKeyError(msg, host=name, fingerprint=key.fingerprint)
 
     async def _attempt(self) -> asyncssh.SSHClientConnection:
+        """One connection attempt (run as a task: see :meth:`_start_attempt`)."""
         cfg = self.config
         try:
             conn, hops = await self._dial(cfg, cfg.host, cfg.port, cfg.user, cfg.identity, None, cfg.jump)
         except TransportError as exc:
             self._failures += 1
-            self._retry_at = time.monotonic() + self._delay_after(self._failures)
+            # a timed-out attempt has already waited connect_timeout: the next may start at once
+            wait = 0.0 if isinstance(exc, _ConnectTimeout) else self._delay_after(self._failures)
+            self._retry_at = time.monotonic() + wait
             self.last_error = exc.message
             self._last_exc = exc
-            if self.auto_reconnect and not isinstance(exc, HostKeyError):
-                self._start_reconnect_loop()
             raise
+        if self._closed or self.connected:  # closed meanwhile, or an attempt beside won
+            conn.close()
+            for h in reversed(hops):
+                h.close()
+            if self._closed or self._conn is None:
+                raise TransportError(f"{self.node}: transport is closed")
+            return self._conn
         self._failures = 0
         self._retry_at = 0.0
         self.last_error = None
@@ -410,26 +457,66 @@ class SshTransport:
         self.connections_made += 1
         return conn
 
-    async def connect(self) -> None:
-        """Open the connection now (ignores a pending backoff wait); idempotent."""
-        self._closed = False
-        if self.connected:
-            return
-        async with self._lock:
-            if not self.connected:
-                await self._attempt()
+    def _start_attempt(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._outcome is None or self._outcome.done():
+            self._outcome = loop.create_future()
+            # nobody may be waiting when it fails: never log "exception was never retrieved"
+            self._outcome.add_done_callback(lambda f: f.cancelled() or f.exception())
+        task = loop.create_task(self._attempt())
+        self.attempts_made += 1
+        self._attempts.append((time.monotonic(), task))
+        task.add_done_callback(self._attempt_done)
+        if self._beside_timer is None:
+            self._beside_timer = loop.call_later(self.beside_after, self._beside)
 
-    async def _ensure(self) -> asyncssh.SSHClientConnection:
-        if self._closed:
-            raise TransportError(f"{self.node}: transport is closed")
-        conn = self._conn
-        if conn is not None and not conn.is_closed():
-            return conn
-        async with self._lock:
-            conn = self._conn
-            if conn is not None and not conn.is_closed():
-                return conn
-            self._drop()
+    def _beside(self) -> None:
+        """A fresh attempt beside the stuck ones (their SYNs wait in TCP's retransmit backoff)."""
+        self._beside_timer = None
+        if self._closed or self.connected or not self._attempts:
+            return
+        if len(self._attempts) < self.max_attempts:
+            self._start_attempt()
+        else:
+            self._beside_timer = asyncio.get_running_loop().call_later(self.beside_after, self._beside)
+
+    def _attempt_done(self, task: asyncio.Task[asyncssh.SSHClientConnection]) -> None:
+        self._attempts = [(t0, t) for t0, t in self._attempts if t is not task]
+        fut = self._outcome
+        if task.cancelled():
+            exc: BaseException = TransportError(f"{self.node}: transport is closed")
+        elif task.exception() is None:
+            if fut is not None and not fut.done():
+                fut.set_result(task.result())
+            self._stop_attempts()
+            return
+        else:
+            exc = task.exception()  # type: ignore[assignment]
+        if self._attempts or self.connected:
+            return  # the others may still get through
+        if self._beside_timer is not None:
+            self._beside_timer.cancel()
+            self._beside_timer = None
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+        if self.auto_reconnect and not self._closed and not isinstance(exc, HostKeyError):
+            self._start_reconnect_loop()
+
+    def _stop_attempts(self) -> None:
+        """A connection is up: the attempts still stuck beside it are no longer needed."""
+        if self._beside_timer is not None:
+            self._beside_timer.cancel()
+            self._beside_timer = None
+        for _, task in self._attempts:
+            task.cancel()
+
+    async def _connection(self) -> asyncssh.SSHClientConnection:
+        """The kept connection, or one attempt's outcome (joined if one is running).
+
+        The attempt is shielded: a caller that gives up (its own timeout) does not cancel it, so
+        it always ends with the SSH-level reason and counts towards the backoff.
+        """
+        if not self._attempts:
             wait = self.retry_in
             if wait > 0:
                 last = self._last_exc
@@ -439,7 +526,26 @@ class SshTransport:
                     f"{self.node}: not connected ({self.last_error or 'connection lost'}); "
                     f"next attempt in {wait:.1f} s"
                 )
-            return await self._attempt()
+            self._start_attempt()
+        assert self._outcome is not None
+        return await asyncio.shield(self._outcome)
+
+    async def connect(self) -> None:
+        """Open the connection now (ignores a pending backoff wait); idempotent."""
+        self._closed = False
+        if self.connected:
+            return
+        self._retry_at = 0.0
+        await self._ensure()
+
+    async def _ensure(self) -> asyncssh.SSHClientConnection:
+        if self._closed:
+            raise TransportError(f"{self.node}: transport is closed")
+        conn = self._conn
+        if conn is not None and not conn.is_closed():
+            return conn
+        self._drop()
+        return await self._connection()
 
     def _start_reconnect_loop(self) -> None:
         if self._closed or (self._reconnect_task is not None and not self._reconnect_task.done()):
@@ -449,15 +555,14 @@ class SshTransport:
     async def _reconnect_loop(self) -> None:
         while not self._closed and not self.connected:
             await asyncio.sleep(max(self.retry_in, 0.01))
-            async with self._lock:
-                if self._closed or self.connected:
-                    return
-                try:
-                    await self._attempt()
-                except HostKeyError:
-                    return  # a key problem needs the operator, not retries
-                except TransportError:
-                    continue
+            if self._closed or self.connected:
+                return
+            try:
+                await self._ensure()
+            except HostKeyError:
+                return  # a key problem needs the operator, not retries
+            except TransportError:
+                continue
 
     def _on_connection_lost(self, conn: asyncssh.SSHClientConnection, exc: Exception | None) -> None:
         if conn is not self._conn:
@@ -465,7 +570,14 @@ class SshTransport:
         self._drop()
         if self._closed:
             return
-        self.last_error = f"connection lost: {describe(exc)}" if exc else "connection closed by the server"
+        if exc is not None and "keepalive" in str(exc):
+            silent = self.keepalive * (self.keepalive_count_max + 1)
+            why = (f"no answer to SSH keepalive for {silent:g} s "
+                   f"({self.keepalive_count_max} unanswered, every {self.keepalive:g} s)")
+        else:
+            why = describe(exc) if exc else "closed by the server"
+        self.last_error = f"{self.node}: connection to {self._where} lost: {why}"
+        self._last_exc = None
         if self.auto_reconnect:
             self._retry_at = time.monotonic()  # the first attempt right away, then back off
             with contextlib.suppress(RuntimeError):  # no running loop: the next call reconnects
@@ -482,9 +594,14 @@ class SshTransport:
     async def close(self) -> None:
         self._closed = True
         task, self._reconnect_task = self._reconnect_task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        pending = [t for _, t in self._attempts]
+        if self._beside_timer is not None:
+            self._beside_timer.cancel()
+            self._beside_timer = None
+        for t in [task, *pending]:
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(*(t for t in [task, *pending] if t is not None), return_exceptions=True)
         conn, hops = self._conn, self._hops
         self._drop()
         for c in [c for c in (conn, *hops) if c is not None]:
@@ -544,7 +661,16 @@ class SshTransport:
         await self._slots.acquire()
 
     async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None) -> CommandResult:
+        """Run ``cmd`` to completion.
+
+        The command runs with ``SPARKCONSOLE_RUN=<token>`` exported, which every process it starts
+        inherits. On timeout the channel is closed and every process carrying the token is killed
+        on the node (closing the channel alone leaves a quiet command running: OpenSSH refuses
+        signals for root logins); the :class:`CommandTimeout` says whether that worked.
+        """
         text = command_text(cmd)
+        token = uuid.uuid4().hex
+        wire = f"export {RUN_TOKEN_VAR}={token}\n{text}"
         start = time.monotonic()
         proc: asyncssh.SSHClientProcess | None = None
         slot = False
@@ -554,12 +680,19 @@ class SshTransport:
                 slot = True
                 wait = timeout  # bounded by the asyncio.timeout around it
                 if input is None:
-                    proc = await self._open(text, wait, stdin=asyncssh.DEVNULL)
+                    proc = await self._open(wire, wait, stdin=asyncssh.DEVNULL)
                 else:
-                    proc = await self._open(text, wait, input=input)
+                    proc = await self._open(wire, wait, input=input)
                 stdout, stderr = await proc.communicate()
         except TimeoutError:
-            raise TransportError(f"{self.node}: timed out after {timeout:g} s: {_short(text)}") from None
+            started = proc is not None
+            if proc is not None:
+                self._kill(proc)
+                proc = None
+            if slot:
+                slot = False
+                self._slots.release()
+            raise await self._timed_out(text, timeout, token, started) from None
         except (OSError, asyncssh.Error) as exc:
             raise TransportError(f"{self.node}: {describe(exc)} while running: {_short(text)}") from None
         finally:
@@ -567,12 +700,42 @@ class SshTransport:
                 self._kill(proc)
             if slot:
                 self._slots.release()
+        assert proc is not None
         return CommandResult(
             command=text,
             exit_status=None if proc.exit_signal else proc.exit_status,
             stdout=stdout or "",
             stderr=stderr or "",
             duration_s=time.monotonic() - start,
+        )
+
+    async def _timed_out(self, text: str, timeout: float, token: str, started: bool) -> CommandTimeout:
+        """Kill what a timed-out ``run`` left on the node; the error says what happened there."""
+        head = f"{self.node}: timed out after {timeout:g} s: {_short(text)}"
+        if not started:
+            return CommandTimeout(f"{head}; it never started on the node", killed=True, processes=0)
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            return CommandTimeout(
+                f"{head}; the connection is gone, so it may still be running on the node", killed=False
+            )
+        why = "no answer"
+        try:
+            async with asyncio.timeout(min(max(self.connect_timeout, 1.0), 10.0)):
+                proc = await conn.create_process(_kill_script(token), stdin=asyncssh.DEVNULL, **_ENCODING)
+                out, _ = await proc.communicate()
+            for line in str(out or "").splitlines():
+                if line.startswith(_KILLED + " "):
+                    n = int(line.split()[1])
+                    return CommandTimeout(
+                        f"{head}; killed on the node ({n} process{'' if n == 1 else 'es'})",
+                        killed=True, processes=n,
+                    )
+            why = "the node did not confirm"
+        except (TimeoutError, OSError, ValueError, asyncssh.Error) as exc:
+            why = describe(exc) if not isinstance(exc, TimeoutError) else "no answer"
+        return CommandTimeout(
+            f"{head}; could not kill it on the node ({why}): it may still be running", killed=False
         )
 
     async def stream(self, cmd: CommandLike) -> AsyncIterator[str]:
