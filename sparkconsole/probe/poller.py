@@ -39,8 +39,23 @@ def _reason(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text[0]}" if text else exc.__class__.__name__
 
 
+class _Missed(Exception):
+    """A tick that got no answer within its budget (the work it waits on goes on)."""
+
+
 class NodePoller:
-    """Polls one node over one transport; the process is opened lazily and re-opened on error."""
+    """Polls one node over one transport; the process is opened lazily and re-opened on error.
+
+    A tick never cancels what it waits on. Opening the probe (connecting included) and each
+    request's answer are tasks that outlive a tick that gives up on them: a slow answer is taken
+    by the next tick, and a connection attempt always runs its full SSH connect timeout (so it
+    ends with the SSH-level reason and counts towards the transport's backoff) however short the
+    tick's budget. A tick waits ``answer_timeout`` at most: a node that does not answer is stale
+    at the first missed tick; it is down as soon as the transport says the connection is gone
+    (keepalive, connect timeout, refused: the reason names host and port), or after
+    ``DOWN_AFTER_FAILURES`` missed ticks in a row. Every failed tick records a gap in the
+    history, so sparklines show the outage.
+    """
 
     def __init__(
         self,
@@ -59,14 +74,18 @@ class NodePoller:
         self.clock = clock
         self.state = state or NodeState(node.name)
         self._process: LongProcess | None = None
+        self._opening: asyncio.Task[LongProcess] | None = None
+        self._exchange: asyncio.Task[list[str]] | None = None
+        self._asked_at = 0.0
+        self._answer_s = 0.0  # how long the last answer took
         self._tick = 0
         self._lock = asyncio.Lock()
 
-    async def _ensure_process(self) -> LongProcess:
-        if self._process is None or self._process.is_closing:
-            await self.transport.connect()
-            self._process = await self.transport.open_process(probe_command())
-        return self._process
+    @property
+    def answer_timeout(self) -> float:
+        """How long one tick waits: about one interval (more for a node whose answers are slow),
+        never more than ``tick_timeout``."""
+        return min(self.tick_timeout, max(self.interval, 1.0, 3 * self._answer_s))
 
     async def _read_tick(self, process: LongProcess) -> list[str]:
         lines: list[str] = []
@@ -85,13 +104,62 @@ class NodePoller:
             if started:
                 lines.append(line)
 
-    async def _tick_lines(self, wanted: tuple[str, ...]) -> list[str]:
-        process = await self._ensure_process()
+    async def _ask(self, process: LongProcess, wanted: tuple[str, ...]) -> list[str]:
         await process.write_line(" ".join(wanted))
         return await self._read_tick(process)
 
+    async def _tick_lines(self, wanted: tuple[str, ...]) -> list[str]:
+        deadline = time.monotonic() + self.answer_timeout
+        if self._exchange is None:
+            process = self._process
+            if process is None or process.is_closing:
+                self._process = None
+                if self._opening is None:
+                    # through the transport's own backoff: never a connect() that skips it
+                    self._opening = asyncio.ensure_future(self.transport.open_process(probe_command()))
+                opening = self._opening
+                await asyncio.wait({opening}, timeout=max(0.0, deadline - time.monotonic()))
+                if not opening.done():
+                    raise _Missed(self._waiting_reason())
+                self._opening = None
+                process = self._process = opening.result()
+            self._asked_at = time.monotonic()
+            self._exchange = asyncio.ensure_future(self._ask(process, wanted))
+        exchange = self._exchange
+        await asyncio.wait({exchange}, timeout=max(0.0, deadline - time.monotonic()))
+        if not exchange.done():
+            waited = time.monotonic() - self._asked_at
+            raise _Missed(f"no answer from the probe for {waited:.0f} s{self._where_suffix()}")
+        self._exchange = None
+        lines = exchange.result()
+        self._answer_s = time.monotonic() - self._asked_at
+        return lines
+
+    def _where_suffix(self) -> str:
+        where = getattr(self.transport, "_where", None)
+        return f" ({where})" if where else ""
+
+    def _waiting_reason(self) -> str:
+        last = getattr(self.transport, "last_error", None)
+        if last:
+            return last
+        timeout = getattr(self.transport, "connect_timeout", None)
+        parts = [getattr(self.transport, "_where", None), f"SSH connect timeout {timeout:g} s" if timeout else None]
+        parts = [p for p in parts if p]
+        return "connecting" + (f" to {', '.join(parts)}" if parts else "") + "…"
+
+    def _transport_down(self) -> str | None:
+        """The transport's own word that the node is unreachable (SSH level), else ``None``."""
+        if self.transport.connected:
+            return None
+        return getattr(self.transport, "last_error", None)
+
     async def _drop_process(self) -> None:
         proc, self._process = self._process, None
+        for task in (self._exchange, self._opening):
+            if task is not None and not task.done():
+                task.cancel()
+        self._exchange = self._opening = None
         if proc is not None:
             try:
                 await asyncio.wait_for(proc.close(), 2.0)
@@ -108,19 +176,21 @@ class NodePoller:
             wanted = sections_for_tick(self._tick if state.sample is not None else 0)
             started = time.monotonic()
             try:
-                # one time budget for the whole tick: connecting, writing the request (a drain can
-                # block on a wedged channel) and reading the answer
-                lines = await asyncio.wait_for(self._tick_lines(wanted), self.tick_timeout)
+                lines = await self._tick_lines(wanted)
             except asyncio.CancelledError:
                 await self._drop_process()
                 raise
+            except _Missed as exc:
+                self._fail(str(exc))
+                return state
             except Exception as exc:
+                self._exchange = self._opening = None
                 await self._drop_process()
                 self._fail(_reason(exc))
                 return state
             sections = split_tick(lines)
             sample = assemble_sample(self.node.name, self.clock(), sections, previous=state.sample)
-            sample = _with_probe_ms(sample, (time.monotonic() - started) * 1000.0)
+            sample = _with_probe_ms(sample, min(self._answer_s, time.monotonic() - started) * 1000.0)
             state.sample = sample
             state.last_ok_at = sample.taken_at
             state.failures = 0
@@ -133,6 +203,11 @@ class NodePoller:
     def _fail(self, reason: str) -> None:
         state = self.state
         state.failures += 1
+        state.history.record_gap(self.clock())
+        down = self._transport_down()
+        if down:
+            state.status, state.reason = NodeStatus.DOWN, down
+            return
         if state.sample is None and state.failures < DOWN_AFTER_FAILURES:
             state.status = NodeStatus.CONNECTING if state.failures < 2 else NodeStatus.DOWN
         elif state.failures >= DOWN_AFTER_FAILURES:
@@ -142,9 +217,14 @@ class NodePoller:
         state.reason = reason
 
     def refresh_staleness(self, now: float | None = None) -> None:
-        """Mark an UP node stale when its last sample is older than three intervals."""
+        """Between ticks: an UP node is stale when its last sample is older than three intervals,
+        and any node is down as soon as its transport has lost the connection (SSH level)."""
         now = self.clock() if now is None else now
         state = self.state
+        down = self._transport_down()
+        if down and state.status in (NodeStatus.UP, NodeStatus.STALE):
+            state.status, state.reason = NodeStatus.DOWN, down
+            return
         age = state.age(now)
         if state.status is NodeStatus.UP and age is not None and age > 3 * max(self.interval, 1.0):
             state.status = NodeStatus.STALE

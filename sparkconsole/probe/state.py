@@ -53,6 +53,11 @@ class History:
             pts = pts[-last:]
         return [v for _, v in pts]
 
+    def record_gap(self, t: float) -> None:
+        """A tick that got no sample: one ``None`` point per metric, so sparklines show the outage."""
+        for metric in METRICS:
+            self.add(t, metric, None)
+
     def record(self, sample: NodeSample) -> None:
         t = sample.taken_at
         gpu = sample.gpus[0] if sample.gpus else None
