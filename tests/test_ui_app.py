@@ -602,3 +602,41 @@ async def test_the_node_detail_keeps_cursor_and_scroll_across_ticks(tmp_path):
         assert cleared == []  # the same rows: cells are updated in place, the tables never emptied
         assert links.cursor_row == 1 and services.cursor_row == 2
         assert detail.scroll_y == scroll
+
+
+PARTIAL_BLOCKS = set("▁▂▃▄▅▆▇▉▊▋▌▍▎▏")
+
+
+def _scrollbar_text(widget) -> str:
+    from textual.geometry import Region
+
+    bar = widget.vertical_scrollbar
+    lines = bar.render_lines(Region(0, 0, bar.size.width, bar.size.height))
+    return "".join(strip.text for strip in lines)
+
+
+async def test_the_cards_and_log_scrollbars_have_no_partial_block_ends(tmp_path):
+    from sparkconsole.logs.follow import LogLine
+    from sparkconsole.services import Service
+
+    app = demo_app(tmp_path, nodes=4)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await started(pilot, app, ticks=2)
+        scroll = app.screen.query_one("#cards-scroll")
+        await until(pilot, lambda: scroll.max_scroll_y > 0 and scroll.vertical_scrollbar.size.height > 0)
+        for y in range(0, int(scroll.max_scroll_y) + 1, 3):  # every thumb position, ends included
+            scroll.scroll_to(y=y, animate=False, immediate=True)
+            await pilot.pause()
+            text = _scrollbar_text(scroll)
+            assert not PARTIAL_BLOCKS & set(text), text
+            assert "┃" in text and "│" in text  # a thumb on a track: it reads as a scrollbar
+        app.open_logs("spark-1a32", Service(name="vllm-glm", kind="container", state="running"))
+        await until(pilot, lambda: isinstance(app.screen, LogScreen) and app.screen.is_mounted
+                    and bool(app.screen.query("#log-status")))
+        log = app.screen.log_view
+        for i in range(300):
+            app.screen.handle_event(LogLine(f"line {i}"))
+        await until(pilot, lambda: log.max_scroll_y > 0 and log.vertical_scrollbar.size.height > 0)
+        await pilot.pause()
+        text = _scrollbar_text(log)
+        assert not PARTIAL_BLOCKS & set(text) and "┃" in text

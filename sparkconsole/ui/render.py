@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.color import Color, blend_rgb
+from rich.segment import Segment, Segments
+from rich.style import Style
 from rich.text import Text
+from textual.scrollbar import ScrollBarRender
+from textual.widget import Widget
 
 from sparkconsole.probe.samples import UnifiedMemory
 
@@ -108,3 +113,51 @@ def memory_legend(mem: UnifiedMemory) -> Text:
         text.append("■ ", style=MEMORY_COLOURS[key])
         text.append(f"{label} {gib(value)}  ")
     return text
+
+
+_BACK = Color.parse("#555555")
+_BAR = Color.parse("bright_magenta")
+
+
+class ThinScrollBarRender(ScrollBarRender):
+    """A scrollbar that reads as one: a thin track line and a bold thumb line over whole cells.
+
+    Textual's default draws the thumb as a blank reverse block with partial-cell ends (``▁▆▇``),
+    which in many terminals and themes read as stray characters at the right edge. Here the thumb
+    covers whole cells only, in the bar colour, on a track drawn faintly in the same colour.
+    """
+
+    @classmethod
+    def render_bar(cls, size: int = 25, virtual_size: float = 50, window_size: float = 20, position: float = 0,
+                   thickness: int = 1, vertical: bool = True, back_color: Color = _BACK,
+                   bar_color: Color = _BAR) -> Segments:
+        track_glyph, thumb_glyph = ("│", "┃") if vertical else ("─", "━")
+        width = thickness if vertical else 1
+        pad = " " * (width - 1)  # a wider bar is the same thin line, on the right
+        back = back_color
+        track = Style(color=Color.from_triplet(blend_rgb(back.get_truecolor(), bar_color.get_truecolor(), 0.35)),
+                      bgcolor=back)
+        grab = {"@mouse.down": "grab"}
+        if not (window_size and size and virtual_size and size != virtual_size):
+            return cls._lines([Segment(" " * width, Style(bgcolor=back))] * int(size), vertical, thickness)
+        thumb = max(1, min(int(size), round(window_size * size / virtual_size)))
+        span = virtual_size - window_size
+        ratio = 0.0 if span <= 0 else min(1.0, max(0.0, position / span))
+        start = round((size - thumb) * ratio)
+        upper = Segment(pad + track_glyph, track + Style(meta={"@mouse.down": "scroll_up"}))
+        lower = Segment(pad + track_glyph, track + Style(meta={"@mouse.down": "scroll_down"}))
+        body = Segment(pad + thumb_glyph, Style(color=bar_color, bgcolor=back, bold=True, meta=grab))
+        segments = [upper] * start + [body] * thumb + [lower] * (int(size) - start - thumb)
+        return cls._lines(segments, vertical, thickness)
+
+    @staticmethod
+    def _lines(segments: list[Segment], vertical: bool, thickness: int) -> Segments:
+        if vertical:
+            return Segments(segments, new_lines=True)
+        return Segments([*segments, Segment.line()] * thickness, new_lines=False)
+
+
+def thin_scrollbars(widget: Widget) -> None:
+    """Give ``widget`` the thin scrollbars (both axes)."""
+    widget.vertical_scrollbar.renderer = ThinScrollBarRender
+    widget.horizontal_scrollbar.renderer = ThinScrollBarRender

@@ -43,6 +43,7 @@ from sparkconsole.logs.follow import (
     compile_pattern,
 )
 from sparkconsole.logs.vllm import VllmLogReport, VllmLogTracker
+from sparkconsole.ui.render import thin_scrollbars
 from sparkconsole.ui.screens.live import forward_worker_failure
 
 FollowerFactory = Callable[[], AsyncIterable[FollowEvent]]
@@ -194,7 +195,10 @@ class LogScreen(Screen[None]):
     LogScreen #log-banner { height: 1; padding: 0 1; display: none; }
     LogScreen #log-banner.-dropped { display: block; background: $error; color: $text; text-style: bold; }
     LogScreen #log-banner.-back { display: block; background: $success; color: $text; }
-    LogScreen #log { height: 1fr; }
+    LogScreen #log {
+        height: 1fr; scrollbar-size-vertical: 1; scrollbar-size-horizontal: 1;
+        scrollbar-color: $text-muted; scrollbar-color-hover: $text; scrollbar-color-active: $accent;
+    }
     LogScreen #log-status-row { height: 1; background: $panel; }
     LogScreen #log-status { width: 1fr; padding: 0 1; }
     LogScreen #new-lines { width: auto; padding: 0 1; background: $warning; color: $text; display: none; }
@@ -276,6 +280,7 @@ class LogScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.log_view.focus()
+        thin_scrollbars(self.log_view)
         self.watch(self.log_view, "scroll_y", self._on_scroll, init=False)
         self._update_status()
         self.follow_worker = self._follow()

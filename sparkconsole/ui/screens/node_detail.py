@@ -13,7 +13,7 @@ from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState
 from sparkconsole.services import Service, services_from_containers
 from sparkconsole.ui.keymap import DETAIL_BINDINGS
-from sparkconsole.ui.render import DASH, fmt, gib
+from sparkconsole.ui.render import DASH, fmt, gib, thin_scrollbars
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import card_renderable
 
@@ -82,6 +82,7 @@ class NodeDetailScreen(LiveScreen):
                                                                    "CPU", "memory")
         self.query_one("#gpu-procs-table", DataTable).add_columns("pid", "process", "GPU memory")
         self.query_one("#container-filter", Input).display = False
+        thin_scrollbars(self.query_one("#detail", VerticalScroll))
         self.mark_ready()
         self.query_one("#containers-table", DataTable).focus()
         if self.app.config.services:  # type: ignore[attr-defined]

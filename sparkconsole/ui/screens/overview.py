@@ -12,6 +12,7 @@ from textual.widgets import Footer, Header, Static
 from sparkconsole.probe.alerts import Alert
 from sparkconsole.probe.state import NodeState
 from sparkconsole.ui.keymap import OVERVIEW_BINDINGS
+from sparkconsole.ui.render import thin_scrollbars
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import NodeCard
 
@@ -54,6 +55,7 @@ class OverviewScreen(LiveScreen):
         if cards:
             cards[0].focus()
         self._layout_cards(self.size.width)
+        thin_scrollbars(self.query_one("#cards-scroll", VerticalScroll))
         self.mark_ready()
 
     def on_resize(self, event) -> None:
