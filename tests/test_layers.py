@@ -47,3 +47,19 @@ def test_no_module_below_the_ui_imports_textual():
 def test_the_blocker_really_blocks():
     out = subprocess.run([sys.executable, "-c", BLOCKER, "sparkconsole.ui.app"], capture_output=True, text=True)
     assert out.returncode != 0 and "textual imported outside sparkconsole.ui" in out.stderr
+
+
+def test_every_runtime_dependency_is_imported_by_the_package():
+    """A dependency declared for the console is one its code uses (issue 11 item 16: psutil and
+    tomlkit were declared and never imported)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].replace("-", "_").lower() for d in deps]
+    assert names, "no runtime dependencies read"
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (root / "sparkconsole").rglob("*.py"))
+    unused = [n for n in names if not re.search(rf"^\s*(?:import|from)\s+{n}\b", source, re.M)]
+    assert unused == []

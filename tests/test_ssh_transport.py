@@ -12,66 +12,23 @@ import re
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
 from sparkconsole.cli import main
 from sparkconsole.config import NodeConfig
 from sparkconsole.errors import HostKeyError, TransportError
-from sparkconsole.probe.script import MARK, probe_command, split_tick
-from sparkconsole.remote import RemoteCommand
 from sparkconsole.transport import make_transport
-from sparkconsole.transport.base import CommandTimeout, LongProcess, Transport
 from sparkconsole.transport.hostkeys import add_known_host, host_key_from, key_status, recorded_keys
 from sparkconsole.transport.ssh import SshTransport
 from tests.lab.sshd import JumpPair, LabSshd, keygen, known_hosts_entry
-
-pytestmark = pytest.mark.sshd
+from tests.proc_support import wait_until
 
 
 def fingerprint_of(pub: Path) -> str:
     out = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True).stdout
     return out.split()[1]  # "256 SHA256:... comment (ED25519)"
-
-
-def local_memtotal_kb() -> int:
-    m = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
-    assert m
-    return int(m.group(1))
-
-
-def processes_with(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(p.info["cmdline"] or []):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
-async def wait_until(pred, timeout: float = 5.0, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        await asyncio.sleep(step)
-    return pred()
-
-
-async def read_tick(proc: LongProcess, timeout: float = 10.0) -> list[str]:
-    lines: list[str] = []
-    async with asyncio.timeout(timeout):
-        while True:
-            line = await proc.read_line()
-            assert line is not None, f"probe ended early: {lines}"
-            lines.append(line)
-            if line.startswith(f"{MARK} end "):
-                return lines
 
 
 @pytest.fixture
@@ -81,131 +38,21 @@ async def transport(sshd: LabSshd):
     await t.close()
 
 
-# ---- running commands ---------------------------------------------------------------------
+# ---- what only SSH has (run, stream, timeouts, the probe: tests/test_transport_contract.py) --------
 
 
-async def test_run_exit_status_stdout_stderr(transport: SshTransport, sshd: LabSshd) -> None:
-    assert isinstance(transport, Transport)
-    r = await transport.run("echo out; echo err >&2; exit 3")
-    assert (r.exit_status, r.stdout, r.stderr, r.ok) == (3, "out\n", "err\n", False)
-    assert r.command == "echo out; echo err >&2; exit 3"
+@pytest.mark.sshd
+async def test_commands_run_as_the_configured_user_on_the_node(transport: SshTransport, sshd: LabSshd) -> None:
     r = await transport.run("whoami; echo $SSH_CONNECTION")
     user, conn = r.stdout.splitlines()
     assert r.ok and user == "root" and conn.endswith(f" {sshd.port}")
     assert transport.connected
 
 
-async def test_run_with_input(transport: SshTransport) -> None:
-    r = await transport.run("wc -l; cat >/dev/null", input="a\nb\nc\n")
-    assert r.stdout.strip() == "3"
-    # without input, stdin is at EOF at once: a command reading it does not hang
-    r = await transport.run("cat; echo done", timeout=5)
-    assert r.stdout == "done\n"
-
-
-async def test_env_quoting_via_remote_command(transport: SshTransport) -> None:
-    nasty = "it's \"quoted\" $HOME `id` ; rm -rf / && \\ end"
-    cmd = RemoteCommand(("sh", "-c", 'printf "%s|%s" "$V" "$1"', "sh", "arg with 'quote'"), env=(("V", nasty),))
-    r = await transport.run(cmd)
-    assert r.ok, r.stderr
-    assert r.stdout == f"{nasty}|arg with 'quote'"
-    assert r.command == cmd.shell()
-
-
-async def test_timeout_raises_and_closes_the_channel(transport: SshTransport) -> None:
-    marker = f"tmo{uuid.uuid4().hex[:10]}"
-    # a command that keeps writing: once its channel is gone it dies of SIGPIPE
-    cmd = f"M={marker}; while :; do echo $M; sleep 0.1; done"
-    start = time.monotonic()
-    with pytest.raises(TransportError, match=r"node-a: timed out after 0\.8 s"):
-        await transport.run(cmd, timeout=0.8)
-    assert time.monotonic() - start < 2.5
-    assert await wait_until(lambda: not processes_with(marker), 5), "remote command still running"
-    # the connection survives a timed-out command
-    assert (await transport.run("echo still-here")).stdout == "still-here\n"
-
-
-async def test_timeout_kills_the_quiet_remote_tree_and_says_so(transport: SshTransport) -> None:
-    """A command that writes nothing (no SIGPIPE to end it), with children, one of them in a
-    session of its own: a timed-out run kills them all on the node, and the error says so."""
-    tag = f"{uuid.uuid4().int % 10**6:06d}"
-    sleeps = [f"300.{tag}{i}" for i in range(3)]
-    cmd = f"sleep {sleeps[0]} & setsid sleep {sleeps[1]} & sleep {sleeps[2]}; wait"
-    with pytest.raises(CommandTimeout, match=r"timed out after 0\.8 s: .*; killed on the node") as err:
-        await transport.run(cmd, timeout=0.8)
-    assert err.value.killed and (err.value.processes or 0) >= 3  # the three sleeps (and the shell)
-    assert await wait_until(lambda: not any(processes_with(s) for s in sleeps), 5), "remote tree survived"
-    assert (await transport.run("echo still-here")).stdout == "still-here\n"
-
-
-# ---- streaming ------------------------------------------------------------------------------
-
-
-async def test_stream_yields_lines_as_they_come(transport: SshTransport) -> None:
-    start = time.monotonic()
-    seen: list[tuple[float, str]] = []
-    async for line in transport.stream("for i in 1 2 3 4 5; do echo out$i; echo err$i >&2; sleep 0.2; done"):
-        seen.append((time.monotonic() - start, line))
-    end = time.monotonic() - start
-    lines = [line for _, line in seen]
-    assert lines == [f"{k}{i}" for i in range(1, 6) for k in ("out", "err")]
-    first = seen[0][0]
-    assert first < end - 0.6, f"first line at {first:.2f}s, command ended at {end:.2f}s"
-    assert seen[-1][0] - first >= 0.6  # spread out in time, not delivered in one batch
-
-
-async def test_stream_aclose_kills_the_remote_command(transport: SshTransport) -> None:
-    marker = f"strm{uuid.uuid4().hex[:10]}"
-    # silent between lines: only the hang-up on channel close can stop it
-    gen = transport.stream(f"M={marker}; echo start; while :; do sleep 0.2; done")
-    assert await gen.__anext__() == "start"
-    assert processes_with(marker)
-    await gen.aclose()
-    assert await wait_until(lambda: not processes_with(marker), 5), "remote loop survived aclose()"
-    assert (await transport.run("echo ok")).ok
-
-
-# ---- the probe as a long-lived process ---------------------------------------------------
-
-
-async def test_probe_as_long_process(transport: SshTransport) -> None:
-    proc = await transport.open_process(probe_command())
-    assert isinstance(proc, LongProcess)
-    try:
-        await proc.write_line("meminfo hostname uptime")
-        sections = split_tick(await read_tick(proc))
-        assert sections["meminfo"].rc == 0
-        m = re.search(r"^MemTotal:\s+(\d+) kB", sections["meminfo"].text, re.M)
-        assert m and int(m.group(1)) == local_memtotal_kb()  # the real /proc/meminfo of this box
-        assert sections["hostname"].text.strip()
-        assert sections["uptime"].rc == 0
-        # later ticks ride the same channel: fast
-        t0 = time.monotonic()
-        for _ in range(5):
-            await proc.write_line("meminfo")
-            tick = split_tick(await read_tick(proc))
-            assert "MemAvailable:" in tick["meminfo"].text
-        assert (time.monotonic() - t0) / 5 < 0.5
-        await proc.write_line("no-such-section")
-        assert split_tick(await read_tick(proc))["no-such-section"].rc != 0
-    finally:
-        await proc.close()
-    assert proc.is_closing
-
-
-async def test_probe_ends_when_stdin_closes(transport: SshTransport) -> None:
-    proc = await transport.open_process("exec sh -c 'while IFS= read -r l; do echo got:$l; done; echo bye'")
-    await proc.write_line("x")
-    assert await proc.read_line() == "got:x"
-    await proc.close()
-    assert proc.is_closing
-    with pytest.raises(TransportError):
-        await proc.write_line("y")
-
-
 # ---- one connection -------------------------------------------------------------------------
 
 
+@pytest.mark.sshd
 async def test_one_connection_is_reused(transport: SshTransport, sshd: LabSshd) -> None:
     for i in range(4):
         assert (await transport.run(f"echo {i}")).stdout == f"{i}\n"
@@ -219,6 +66,7 @@ async def test_one_connection_is_reused(transport: SshTransport, sshd: LabSshd) 
     assert transport.connections_made == 1
 
 
+@pytest.mark.sshd
 async def test_concurrent_runs_share_the_connection(transport: SshTransport, sshd: LabSshd) -> None:
     await transport.connect()
     start = time.monotonic()
@@ -232,8 +80,8 @@ async def test_concurrent_runs_share_the_connection(transport: SshTransport, ssh
 # ---- reconnecting -------------------------------------------------------------------------
 
 
-def test_backoff_delays_grow_with_jitter_and_cap(sshd: LabSshd) -> None:
-    t = SshTransport(sshd.node_config("n"), backoff_base=0.5, backoff_factor=2, backoff_max=8)
+def test_backoff_delays_grow_with_jitter_and_cap() -> None:
+    t = SshTransport(NodeConfig(name="n", host="127.0.0.1"), backoff_base=0.5, backoff_factor=2, backoff_max=8)
     it = t.backoff_delays()
     delays = [next(it) for _ in range(10)]
     caps = [0.5, 1, 2, 4, 8, 8, 8, 8, 8, 8]
@@ -243,6 +91,7 @@ def test_backoff_delays_grow_with_jitter_and_cap(sshd: LabSshd) -> None:
     assert len(samples) > 1  # jittered
 
 
+@pytest.mark.sshd
 async def test_reconnect_after_sshd_restart(sshd: LabSshd) -> None:
     t = SshTransport(sshd.node_config("node-r"), connect_timeout=3, backoff_base=0.05, backoff_max=0.2)
     try:
@@ -252,14 +101,24 @@ async def test_reconnect_after_sshd_restart(sshd: LabSshd) -> None:
         with pytest.raises(TransportError, match="node-r"):
             await t.run("echo two", timeout=5)
         sshd.start()  # same port, same host key
-        await asyncio.sleep(0.5)  # longer than backoff_max
-        assert (await t.run("echo three", timeout=5)).stdout == "three\n"
+        # calls fail at once while the transport backs off (0.2 s at most), then it reconnects
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                r = await t.run("echo three", timeout=5)
+                break
+            except TransportError as exc:
+                assert "next attempt in" in str(exc) and time.monotonic() < deadline, exc
+                await asyncio.sleep(0.05)
+        assert r.stdout == "three\n"
         assert t.connections_made == 2
         assert sshd.accepted_logins() == 2
     finally:
         await t.close()
 
 
+@pytest.mark.netns
+@pytest.mark.sshd
 async def test_keepalive_notices_a_silent_network_drop(sshd_pair: JumpPair) -> None:
     jump = sshd_pair.jump
     t = SshTransport(jump.node_config("jump-k"), keepalive=0.3, keepalive_count_max=2,
@@ -282,6 +141,7 @@ async def test_keepalive_notices_a_silent_network_drop(sshd_pair: JumpPair) -> N
 # ---- host keys ------------------------------------------------------------------------------
 
 
+@pytest.mark.sshd
 async def test_unknown_host_key_is_rejected_with_its_fingerprint(sshd: LabSshd, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -305,6 +165,7 @@ async def test_unknown_host_key_is_rejected_with_its_fingerprint(sshd: LabSshd, 
     await t2.close()
 
 
+@pytest.mark.sshd
 async def test_changed_host_key_is_rejected(sshd: LabSshd, tmp_path: Path) -> None:
     other = keygen(tmp_path / "other_host_key")
     kh = tmp_path / "known_hosts"
@@ -323,6 +184,7 @@ async def test_changed_host_key_is_rejected(sshd: LabSshd, tmp_path: Path) -> No
 # ---- reaching the node ----------------------------------------------------------------------
 
 
+@pytest.mark.sshd
 async def test_ssh_config_alias_resolution(sshd: LabSshd) -> None:
     # only the alias: HostName, Port, User, IdentityFile and UserKnownHostsFile come from the file
     node = NodeConfig(name="aliased", host=sshd.alias, ssh_config=str(sshd.ssh_config))
@@ -335,6 +197,7 @@ async def test_ssh_config_alias_resolution(sshd: LabSshd) -> None:
         await t.close()
 
 
+@pytest.mark.sshd
 async def test_errors_name_the_node(sshd: LabSshd, tmp_path: Path) -> None:
     stranger = keygen(tmp_path / "stranger")
     t = SshTransport(sshd.node_config("node-auth", identity=str(stranger), ssh_config=None), connect_timeout=5)
@@ -361,6 +224,8 @@ async def test_errors_name_the_node(sshd: LabSshd, tmp_path: Path) -> None:
     await t.close()
 
 
+@pytest.mark.netns
+@pytest.mark.sshd
 async def test_proxyjump_via_node_jump(sshd_pair: JumpPair) -> None:
     jump, target = sshd_pair.jump, sshd_pair.target
     # the target really is unreachable without the jump host
@@ -386,6 +251,8 @@ async def test_proxyjump_via_node_jump(sshd_pair: JumpPair) -> None:
         await t.close()
 
 
+@pytest.mark.netns
+@pytest.mark.sshd
 async def test_proxyjump_from_ssh_config(sshd_pair: JumpPair) -> None:
     node = NodeConfig(name="cfg-target", host=sshd_pair.target.alias, ssh_config=str(sshd_pair.ssh_config))
     t = SshTransport(node, connect_timeout=5)
@@ -397,6 +264,8 @@ async def test_proxyjump_from_ssh_config(sshd_pair: JumpPair) -> None:
     assert sshd_pair.jump.accepted_logins() == 1
 
 
+@pytest.mark.netns
+@pytest.mark.sshd
 async def test_jump_host_key_is_verified_too(sshd_pair: JumpPair, tmp_path: Path) -> None:
     jump, target = sshd_pair.jump, sshd_pair.target
     only_target = tmp_path / "known_hosts"
@@ -417,6 +286,7 @@ def trust(sshd: LabSshd, kh: Path, *extra: str) -> int:
     return main(["trust", sshd.host, "--port", str(sshd.port), "--known-hosts", str(kh), *extra])
 
 
+@pytest.mark.sshd
 def test_trust_yes_records_the_key(sshd: LabSshd, tmp_path: Path, capsys) -> None:
     kh = tmp_path / "ssh" / "known_hosts"
     assert trust(sshd, kh, "--yes") == 0
@@ -442,6 +312,7 @@ def test_trust_yes_records_the_key(sshd: LabSshd, tmp_path: Path, capsys) -> Non
     assert kh.read_text().count("\n") == 1
 
 
+@pytest.mark.sshd
 def test_trust_answer_y_and_n_on_stdin(sshd: LabSshd, tmp_path: Path, capsys, monkeypatch) -> None:
     kh = tmp_path / "known_hosts"
     monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
@@ -458,6 +329,7 @@ def test_trust_answer_y_and_n_on_stdin(sshd: LabSshd, tmp_path: Path, capsys, mo
     assert key_status(kh, sshd.host, sshd.port, host_key_from(sshd.host_pub.read_text())) == "trusted"
 
 
+@pytest.mark.sshd
 def test_trust_refuses_a_changed_key(sshd: LabSshd, tmp_path: Path, capsys) -> None:
     other = keygen(tmp_path / "other_host_key")
     kh = tmp_path / "known_hosts"
@@ -476,8 +348,8 @@ def test_trust_unreachable_host(tmp_path: Path, capsys) -> None:
     assert "cannot fetch the host key" in capsys.readouterr().err
 
 
-def test_known_hosts_format_and_hashed_entries(sshd: LabSshd, tmp_path: Path) -> None:
-    line = sshd.host_pub.read_text()
+def test_known_hosts_format_and_hashed_entries(tmp_path: Path) -> None:
+    line = keygen(tmp_path / "host_key").with_suffix(".pub").read_text()
     kh = tmp_path / "known_hosts"
     assert add_known_host(kh, "spark-1", 22, line).startswith("spark-1 ssh-ed25519 AAAA")
     assert add_known_host(kh, "10.0.0.2", 2222, line).startswith("[10.0.0.2]:2222 ssh-ed25519 ")
@@ -497,6 +369,7 @@ def test_known_hosts_format_and_hashed_entries(sshd: LabSshd, tmp_path: Path) ->
     assert len(recorded_keys(kh, "spark-1", 22)[0]) == 1
 
 
+@pytest.mark.sshd
 async def test_user_known_hosts_none_does_not_turn_checking_off(
     sshd: LabSshd, tmp_path: Path, monkeypatch
 ) -> None:

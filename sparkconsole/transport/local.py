@@ -1,7 +1,11 @@
 """Local transport: the same protocol with asyncio subprocesses, for running on a Spark itself.
 
-Every command runs as ``sh -c TEXT`` in its own session (process group), so a timeout, the end
-of a stream or ``close()`` kills the whole tree the command started, not just the shell.
+Every command runs as ``sh -c TEXT`` in its own session (process group) with
+``SPARKCONSOLE_RUN=<token>`` in its environment, which every process it starts inherits. A
+timeout, the end of a stream or ``close()`` kills the process group and then every process that
+carries the token, so the whole tree goes, even a child that left the group (``setsid``). A
+timed-out ``run`` raises the same :class:`~sparkconsole.transport.base.CommandTimeout` as the SSH
+transport, saying whether the tree was killed.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ import contextlib
 import os
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from sparkconsole.errors import TransportError
-from sparkconsole.transport.base import CommandLike, CommandResult, command_text
+from sparkconsole.transport.base import CommandLike, CommandResult, CommandTimeout, command_text
 
 _LINE_LIMIT = 16 * 1024 * 1024  # `ip -j addr` on a host with many veths is one long line
+RUN_TOKEN_VAR = "SPARKCONSOLE_RUN"  # the same variable the SSH transport exports on the node
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -28,13 +35,44 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _kill_tree(proc: asyncio.subprocess.Process) -> None:
+def _carrying(token: str) -> list[int]:
+    """The pids of the processes whose environment holds ``SPARKCONSOLE_RUN=token``."""
+    needle = f"{RUN_TOKEN_VAR}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _kill_tree(proc: asyncio.subprocess.Process, token: str) -> int | None:
+    """SIGKILL ``proc``'s process group and every process carrying ``token``, repeated until
+    none is left (a child forked meanwhile inherits it). How many processes were killed, or
+    ``None`` when some would not go. Nothing is done once ``proc`` has exited by itself."""
     if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
+        return 0
+    killed: set[int] = set()
+    for round_ in range(5):
+        pids = [p for p in _carrying(token) if p != os.getpid()]
+        if round_ == 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        elif not pids:
+            return len(killed)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        time.sleep(0.01)  # let the kernel take them away (a zombie keeps no environ)
+    return None if _carrying(token) else len(killed)
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:
@@ -45,9 +83,10 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
 class LocalProcess:
     """A long-lived local process: write lines to its stdin, read lines from its stdout."""
 
-    def __init__(self, node: str, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, node: str, proc: asyncio.subprocess.Process, token: str) -> None:
         self._node = node
         self._proc = proc
+        self._token = token
         self.stderr_tail: list[str] = []
         self._stderr_task = asyncio.create_task(self._drain_stderr())
         self._closing = False
@@ -93,7 +132,7 @@ class LocalProcess:
         if self._proc.stdin is not None:
             with contextlib.suppress(Exception):
                 self._proc.stdin.close()
-        _kill_tree(self._proc)
+        _kill_tree(self._proc, self._token)
         await _reap(self._proc)
         self._stderr_task.cancel()
         await asyncio.gather(self._stderr_task, return_exceptions=True)
@@ -117,20 +156,23 @@ class LocalTransport:
     async def close(self) -> None:
         self._closed = True
 
-    async def _spawn(self, text: str, *, stdin: int, stderr: int) -> asyncio.subprocess.Process:
+    async def _spawn(self, text: str, *, stdin: int, stderr: int) -> tuple[asyncio.subprocess.Process, str]:
+        """Start ``sh -c text`` in a session of its own, marked with a fresh run token."""
+        token = uuid.uuid4().hex
         try:
-            return await asyncio.create_subprocess_exec(
+            proc = await asyncio.create_subprocess_exec(
                 self.shell, "-c", text,
                 stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                start_new_session=True, limit=_LINE_LIMIT,
+                start_new_session=True, limit=_LINE_LIMIT, env={**os.environ, RUN_TOKEN_VAR: token},
             )
+            return proc, token
         except OSError as exc:
             raise TransportError(f"{self.node}: cannot start {self.shell}: {exc.strerror or exc}") from None
 
     async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None) -> CommandResult:
         text = command_text(cmd)
         start = time.monotonic()
-        proc = await self._spawn(
+        proc, token = await self._spawn(
             text,
             stdin=asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -140,11 +182,17 @@ class LocalTransport:
                 proc.communicate(None if input is None else input.encode()), timeout
             )
         except TimeoutError:
-            _kill_tree(proc)
+            n = _kill_tree(proc, token)
             await _reap(proc)
-            raise TransportError(f"{self.node}: timed out after {timeout:g} s: {_short(text)}") from None
+            head = f"{self.node}: timed out after {timeout:g} s: {_short(text)}"
+            if n is None:
+                raise CommandTimeout(f"{head}; could not kill all of it: it may still be running",
+                                     killed=False) from None
+            raise CommandTimeout(
+                f"{head}; killed on the node ({n} process{'' if n == 1 else 'es'})", killed=True, processes=n
+            ) from None
         except BaseException:
-            _kill_tree(proc)
+            _kill_tree(proc, token)
             await _reap(proc)
             raise
         rc = proc.returncode
@@ -159,7 +207,7 @@ class LocalTransport:
     async def stream(self, cmd: CommandLike) -> AsyncIterator[str]:
         """Lines of stdout and stderr (merged) as they come; stopping kills the process tree."""
         text = command_text(cmd)
-        proc = await self._spawn(text, stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.STDOUT)
+        proc, token = await self._spawn(text, stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.STDOUT)
         assert proc.stdout is not None
         try:
             while line := await proc.stdout.readline():
@@ -170,13 +218,13 @@ class LocalTransport:
                         s = s[:-1]
                 yield s
         finally:
-            _kill_tree(proc)
+            _kill_tree(proc, token)
             await _reap(proc)
 
     async def open_process(self, cmd: CommandLike) -> LocalProcess:
         text = command_text(cmd)
-        proc = await self._spawn(text, stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        return LocalProcess(self.node, proc)
+        proc, token = await self._spawn(text, stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        return LocalProcess(self.node, proc, token)
 
     def __repr__(self) -> str:
         return f"<LocalTransport {self.node}>"
