@@ -40,3 +40,46 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def real():
     return real_fixture
+
+
+# ---- lab markers --------------------------------------------------------------------------------
+# A test that needs a real sshd, Docker engine or network namespace carries the marker declared in
+# pyproject.toml (so `-m "not docker"` and the like select truthfully), and a test that needs none
+# carries none. What a test needs is read from the fixtures it asks for and the lab helpers its
+# body calls (a fixture that starts a lab only for one of its params says so with that param's
+# marks, which are trusted); a mismatch stops the collection with the list of offenders.
+
+_LAB_FIXTURES = {"sshd": {"sshd"}, "sshd_pair": {"sshd", "netns"}, "docker_lab": {"docker"}}
+_LAB_CALLS = {"LabSshd(": {"sshd"}, "start_jump_pair(": {"sshd", "netns"}, "docker_lab_fixture(": {"docker"}}
+_LAB_MARKERS = {"sshd", "docker", "netns"}
+
+
+def _lab_needs(item) -> set[str]:
+    import inspect
+
+    needs: set[str] = set()
+    for name in getattr(item, "fixturenames", ()):
+        needs |= _LAB_FIXTURES.get(name, set())
+    fn = getattr(item, "function", None)
+    if fn is not None:
+        try:
+            source = inspect.getsource(fn)
+        except (OSError, TypeError):
+            source = ""
+        for call, what in _LAB_CALLS.items():
+            if call in source:
+                needs |= what
+    return needs
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    wrong = []
+    for item in items:
+        needs = _lab_needs(item)
+        marked = {m.name for m in item.iter_markers()} & _LAB_MARKERS
+        callspec = getattr(item, "callspec", None)
+        by_param = {m.name for m in getattr(callspec, "marks", ())} & _LAB_MARKERS
+        if not needs <= marked or not marked - by_param <= needs:
+            wrong.append(f"{item.nodeid}: needs {sorted(needs) or 'no lab'}, marked {sorted(marked) or 'none'}")
+    if wrong:
+        raise pytest.UsageError("lab markers do not match what the tests need:\n  " + "\n  ".join(wrong))

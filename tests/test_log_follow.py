@@ -30,8 +30,6 @@ from sparkconsole.transport.ssh import SshTransport
 from tests.conftest import REAL
 from tests.lab.docker import DockerLab, docker, docker_lab_fixture, vllm_lines, wait_state
 
-pytestmark = [pytest.mark.sshd, pytest.mark.docker]
-
 
 @pytest.fixture
 def docker_lab(tmp_path: Path) -> Iterator[DockerLab]:
@@ -84,6 +82,8 @@ def docker_log_pairs(lab: DockerLab, name: str) -> list[tuple[str | None, str]]:
     return [split_timestamp(line) for line in lab.logs(name, timestamps=True)]
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_lines_arrive_as_the_container_prints_them(transport: SshTransport, docker_lab: DockerLab) -> None:
     name = docker_lab.ticker("live", interval=0.2)
     wait_state(name, "running")
@@ -126,6 +126,8 @@ async def _follow_across(transport, lab: DockerLab, disrupt, *, name: str | None
     return c, follower
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_follow_across_a_docker_restart(transport: SshTransport, docker_lab: DockerLab) -> None:
     async def restart(name: str) -> None:
         await asyncio.to_thread(docker, "restart", "-t", "1", name)
@@ -136,6 +138,8 @@ async def test_follow_across_a_docker_restart(transport: SshTransport, docker_la
     assert texts.count("tick 1") == 2
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_reattach_after_the_remote_docker_logs_is_killed(
     transport: SshTransport, docker_lab: DockerLab
 ) -> None:
@@ -153,6 +157,8 @@ async def test_reattach_after_the_remote_docker_logs_is_killed(
     assert c.count(StreamDropped) >= 1
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_reattach_after_sshd_restarts(transport: SshTransport, docker_lab: DockerLab, sshd) -> None:
     async def restart_sshd(name: str) -> None:
         await asyncio.to_thread(sshd.restart)
@@ -162,6 +168,8 @@ async def test_reattach_after_sshd_restarts(transport: SshTransport, docker_lab:
     assert drop.reason
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_merge_head_and_worker_by_time(transport: SshTransport, docker_lab: DockerLab) -> None:
     head = docker_lab.ticker("head", interval=0.07, prefix="head")
     worker = docker_lab.ticker("worker", interval=0.11, prefix="worker")
@@ -180,6 +188,8 @@ async def test_merge_head_and_worker_by_time(transport: SshTransport, docker_lab
     assert all(ln.text.startswith("head") == (ln.source == "head") for ln in c.lines)
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_vllm_lines_arrive_in_order(transport: SshTransport, docker_lab: DockerLab) -> None:
     src = vllm_lines()
     name = docker_lab.vllm("vllm", interval=0.01)

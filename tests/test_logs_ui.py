@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 
+import pytest
 from textual.widgets import Button, Log, ProgressBar, Static
 
 from sparkconsole.logs.follow import LogLine, Reattached, StreamDropped
@@ -298,6 +299,8 @@ async def test_bindings_have_ids_and_tooltips() -> None:
 # ---- end to end: a real container's vLLM log through SSH into the screen ----------------------
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_log_screen_follows_a_real_container_through_ssh(sshd, tmp_path) -> None:
     from sparkconsole.logs.follow import LogFollower, docker_follow
     from sparkconsole.transport.ssh import SshTransport

@@ -24,8 +24,6 @@ from sparkconsole.planner.plan import JSON_KEYS, PlanOptions, node_memory_from_c
 from sparkconsole.planner.spec import load_spec
 from tests.lab.sshd import LabSshd, free_port
 
-pytestmark = pytest.mark.sshd
-
 Q122 = "Qwen/Qwen3.5-122B-A10B-FP8"
 GIB = float(1 << 30)
 
@@ -74,6 +72,7 @@ def kv_gib_for(node_memory_gib: float, tp: int = 2, **kw) -> float:
 # ---- the probe layer: one real node -----------------------------------------------------------
 
 
+@pytest.mark.sshd
 async def test_live_node_memory_is_this_machines_memtotal(sshd: LabSshd) -> None:
     live = await probe_node_memory(ClusterConfig(nodes=(sshd.node_config("spark-a"),)))
     assert [n.node for n in live.nodes] == ["spark-a"]
@@ -86,6 +85,7 @@ async def test_live_node_memory_is_this_machines_memtotal(sshd: LabSshd) -> None
     assert "live:" in live.source and "spark-a" in live.source
 
 
+@pytest.mark.sshd
 def test_node_memory_from_cluster_hook(sshd: LabSshd) -> None:
     """The sync hook the CLI contract names: the smallest MemTotal, None without a cluster."""
     assert node_memory_from_cluster(None) is None
@@ -95,6 +95,7 @@ def test_node_memory_from_cluster_hook(sshd: LabSshd) -> None:
     assert node_memory_from_cluster(ClusterConfig(nodes=(dead_node(),)), timeout=5) is None
 
 
+@pytest.mark.sshd
 async def test_two_nodes_one_sshd_smallest_wins(sshd: LabSshd) -> None:
     """Two node entries on the same sshd (same machine): both read, the minimum is that MemTotal."""
     config = ClusterConfig(nodes=(sshd.node_config("spark-a"), sshd.node_config("spark-b", role="worker")))
@@ -115,6 +116,7 @@ async def test_unreachable_node_falls_back_with_a_reason() -> None:
     assert "default 121.69 GiB" in live.source
 
 
+@pytest.mark.sshd
 async def test_one_reachable_one_not(sshd: LabSshd) -> None:
     """The unreachable node counts as the default; the reachable one as read; the smallest wins."""
     live = await probe_node_memory(ClusterConfig(nodes=(sshd.node_config("spark-a"), dead_node("spark-b"))),
@@ -125,6 +127,7 @@ async def test_one_reachable_one_not(sshd: LabSshd) -> None:
     assert "1 unreachable" in live.source
 
 
+@pytest.mark.sshd
 async def test_memavailable_below_gmu_total_is_reported(sshd: LabSshd) -> None:
     live = await probe_node_memory(ClusterConfig(nodes=(sshd.node_config("spark-a"),)))
     node = live.nodes[0]
@@ -182,6 +185,7 @@ def test_memory_from_states_is_defensive() -> None:
 # ---- `sparkconsole plan --config FILE`: end to end through the CLI ------------------------------
 
 
+@pytest.mark.sshd
 def test_plan_config_uses_the_live_memtotal(sshd: LabSshd, tmp_path: Path, capsys) -> None:
     cfg = write_config(tmp_path / "cluster.toml", sshd.node_config("spark-a"))
     rc, j, err = plan_json(capsys, Q122, "--tp", "2", "--config", str(cfg))
@@ -193,6 +197,7 @@ def test_plan_config_uses_the_live_memtotal(sshd: LabSshd, tmp_path: Path, capsy
     assert j["kv_cache_gib_per_node"] == pytest.approx(round(kv_gib_for(mem), 3), abs=1e-3)
 
 
+@pytest.mark.sshd
 def test_plan_config_text_shows_node_memory(sshd: LabSshd, tmp_path: Path, capsys) -> None:
     cfg = write_config(tmp_path / "cluster.toml", sshd.node_config("spark-a"))
     rc = main(["plan", Q122, "--tp", "2", "--config", str(cfg)])
@@ -201,6 +206,7 @@ def test_plan_config_text_shows_node_memory(sshd: LabSshd, tmp_path: Path, capsy
     assert re.search(rf"node memory\s+│\s+{memtotal_gib():.2f} GiB", out), out
 
 
+@pytest.mark.sshd
 def test_plan_config_gmu_above_memavailable_reports_it(sshd: LabSshd, tmp_path: Path, capsys) -> None:
     cfg = write_config(tmp_path / "cluster.toml", sshd.node_config("spark-a"))
     rc, j, err = plan_json(capsys, Q122, "--tp", "2", "--config", str(cfg), "--gpu-memory-utilization", "1.0",
@@ -252,6 +258,7 @@ def test_plan_broken_config_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
     assert err.count("\n") == 1 and "port" in err
 
 
+@pytest.mark.sshd
 def test_plan_adhoc_host_unknown_key_falls_back(sshd: LabSshd, tmp_path: Path, capsys, monkeypatch) -> None:
     """`--host` cannot carry the lab's known_hosts: the host key is unknown, so the node is unreachable
     for the planner, which says so and keeps the default (never a crash, never exit 2)."""
@@ -264,6 +271,7 @@ def test_plan_adhoc_host_unknown_key_falls_back(sshd: LabSshd, tmp_path: Path, c
     assert "0.85 x 121.69 GiB" in " ".join(j["reasons"])
 
 
+@pytest.mark.sshd
 def test_plan_config_real_process(sshd: LabSshd, tmp_path: Path) -> None:
     """The installed command in its own process (its own event loop) with --config."""
     cfg = write_config(tmp_path / "cluster.toml", sshd.node_config("spark-a"))
@@ -290,6 +298,7 @@ def test_plan_demo_uses_the_simulated_nodes(capsys) -> None:
     assert f"0.85 x {gib:.2f} GiB" in " ".join(j["reasons"])
 
 
+@pytest.mark.sshd
 def test_plan_a_configured_cluster_needs_no_flag(sshd: LabSshd, tmp_path: Path, capsys, monkeypatch) -> None:
     """"Node memory from the live node when a cluster is configured": $SPARKCONSOLE_CONFIG is enough."""
     cfg = write_config(tmp_path / "cluster.toml", sshd.node_config("spark-lab"))

@@ -22,8 +22,6 @@ from sparkconsole.transport.base import CommandResult
 from sparkconsole.transport.ssh import SshTransport
 from tests.lab.docker import DockerLab, container_state, docker_lab_fixture, ps_names, wait_state
 
-pytestmark = [pytest.mark.sshd, pytest.mark.docker]
-
 
 @pytest.fixture
 async def transport(sshd) -> AsyncIterator[SshTransport]:
@@ -44,6 +42,8 @@ def journal(tmp_path: Path) -> Journal:
     return Journal(tmp_path / "state" / "journal.jsonl")
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_stop_start_restart_a_container_through_ssh(
     transport: SshTransport, journal: Journal, docker_lab: DockerLab
 ) -> None:
@@ -76,6 +76,8 @@ async def test_stop_start_restart_a_container_through_ssh(
     assert entries[0].summary == f"docker stop {name}"
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_remove_only_an_exited_container(
     transport: SshTransport, journal: Journal, docker_lab: DockerLab
 ) -> None:
@@ -94,8 +96,10 @@ async def test_remove_only_an_exited_container(
     assert [e.command for e in read_journal(journal.path)][-1] == f"docker rm {name}"
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_a_failing_command_is_journaled_with_its_exit_code(
-    transport: SshTransport, journal: Journal
+    transport: SshTransport, journal: Journal, docker_lab: DockerLab
 ) -> None:
     ctl = ServiceController("spark-01", transport, journal=journal)
     cmd = ctl.plan("stop", "sctest-no-such-container-4711")
@@ -109,6 +113,8 @@ async def test_a_failing_command_is_journaled_with_its_exit_code(
     assert entry.error and "No such container" in entry.error
 
 
+@pytest.mark.docker
+@pytest.mark.sshd
 async def test_read_only_refuses_and_runs_nothing(
     transport: SshTransport, journal: Journal, docker_lab: DockerLab, sshd
 ) -> None:
@@ -184,6 +190,7 @@ def test_service_lists() -> None:
     ]
 
 
+@pytest.mark.sshd
 async def test_list_services_through_ssh(transport: SshTransport, journal: Journal) -> None:
     # This machine has no systemd: the unit states are unknown, with the reason, never a crash.
     ctl = ServiceController("spark-01", transport, journal=journal)
