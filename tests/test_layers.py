@@ -63,3 +63,15 @@ def test_every_runtime_dependency_is_imported_by_the_package():
     source = "\n".join(p.read_text(encoding="utf-8") for p in (root / "sparkconsole").rglob("*.py"))
     unused = [n for n in names if not re.search(rf"^\s*(?:import|from)\s+{n}\b", source, re.M)]
     assert unused == []
+
+
+def test_no_test_skips_when_a_module_of_the_project_is_missing():
+    """The project's own modules are always there: a test that imports one with importorskip
+    would turn a broken import into a silent skip."""
+    import re
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    needle = re.compile(r"importorskip\(\s*['\"]sparkconsole\b")
+    offenders = [str(p.relative_to(tests)) for p in tests.rglob("*.py") if needle.search(p.read_text(encoding="utf-8"))]
+    assert offenders == []

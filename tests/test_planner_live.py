@@ -288,7 +288,6 @@ def test_plan_config_real_process(sshd: LabSshd, tmp_path: Path) -> None:
 
 def test_plan_demo_uses_the_simulated_nodes(capsys) -> None:
     """--demo: the simulated Sparks answer the same probe; their MemTotal is the plan's."""
-    pytest.importorskip("sparkconsole.sim.server")
     rc, j, err = plan_json(capsys, Q122, "--tp", "2", "--demo")
     assert rc in (0, 1), err
     first = next(r for r in j["reasons"] if r.startswith("node memory "))
