@@ -453,8 +453,7 @@ async def test_tp2_worker_lost_ends_in_the_nccl_watchdog_timeout(how):
     # after the NCCL timeout in sim time: PyTorch's watchdog, relayed by Ray from the lost rank
     c.clock.advance(10.0)
     log = await head_log()
-    for _ in range(3):
-        await asyncio.sleep(0)
+    await settle(chat)
     assert chat.done() and chat.result()[2] == 52
     m = NCCL_WATCHDOG.search(log)
     assert m, log[-3000:]

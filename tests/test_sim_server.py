@@ -192,7 +192,7 @@ async def test_node_lost_stops_answering():
             proc = await conn.create_process(probe_command())
             assert (await _tick(proc, "hostname", 1))[2] == WORKER
             clock.advance(25.0)
-            await asyncio.sleep(0.1)
+            assert await wait_until(lambda: demo.servers[WORKER].frozen), "the worker was not lost"
             proc.stdin.write("hostname\n")
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(proc.stdout.readline(), 1.0)

@@ -21,6 +21,7 @@ from sparkconsole.logs.vllm import parse_vllm_log
 from sparkconsole.probe import parsers as P
 from sparkconsole.sim import SimClock, start_demo_cluster
 from sparkconsole.sim.model import MODELS, model_dir, repo_files, repo_revision
+from tests.proc_support import wait_until
 
 HEAD, WORKER = "spark-1a32", "spark-5be3"
 HEAD_IP, WORKER_IP = "192.168.200.12", "192.168.200.13"
@@ -231,9 +232,8 @@ async def test_a_detached_job_outlives_its_channel_and_is_found_checked_and_kill
             pid2 = int((await c3.run(start.replace("s.log", "k.log").replace("s.rc", "k.rc"), check=False)).stdout)
             kr = await c3.run(f"kill -TERM -- -{pid2}", check=False)  # the job's process group
             assert kr.exit_status == 0
-            await asyncio.sleep(0.01)
+            assert await wait_until(lambda: pid2 not in demo.sim.proc_table(HEAD).procs), "the job survived"
             demo.clock.advance(40)
-            await asyncio.sleep(0.01)
             out = (await c3.run(check.replace("PID", str(pid2)).replace("s.", "k."), check=False)).stdout
             assert out.startswith("lost")
             r = await c3.run(f"kill {pid2}", check=False)
@@ -272,7 +272,7 @@ async def test_weights_download_copy_with_and_without_dereferencing_and_verify()
             assert 0 < have < MODELS[QWEN].disk_bytes
             assert "Fetching 52 files" in (await c.run(f"tail -c 300 {job}/dl.log", check=False)).stdout
             await c.run(f"kill -TERM -- -{pid}", check=False)
-            await asyncio.sleep(0.01)
+            assert await wait_until(lambda: pid not in sim.proc_table(HEAD).procs), "the download survived"
             done_blobs = (await c.run(f"find {QDIR}/blobs -type f -printf '%f\\n'", check=False)).stdout.split()
             partial = [b for b in done_blobs if b.endswith(".incomplete")]
             assert len(partial) == 1
@@ -333,8 +333,12 @@ async def test_a_cut_rsync_resumes_only_with_partial(partial):
             for _ in range(5):
                 await asyncio.sleep(0.005)
                 demo.clock.advance(1.0)
+            assert any(p.argv[:1] == ["rsync"] for p in demo.sim.proc_table(HEAD).procs.values())
             task.cancel()
-        await asyncio.sleep(0.2)  # the connection is gone: the session's rsync gets SIGHUP
+        # the connection is gone: the session's rsync gets SIGHUP
+        assert await wait_until(
+            lambda: not any(p.argv[:1] == ["rsync"] for p in demo.sim.proc_table(HEAD).procs.values())
+        ), "rsync survived the hang-up"
         kept = demo.sim.fs(WORKER).lookup("/root/big/shard", follow=False)
         if partial:
             assert kept is not None and 0 < kept.nbytes() < 8_200_000_000
@@ -440,8 +444,7 @@ async def test_a_lost_node_stops_its_processes():
         table = demo.sim.proc_table(WORKER)
         assert any(p.argv[:2] == ["sleep", "1000"] for p in table.procs.values())
         demo.sim.mark_lost(WORKER)
-        await asyncio.sleep(0.01)
-        assert not table.procs
+        assert await wait_until(lambda: not table.procs), table.procs
 
 
 def test_sixty_four_nodes_have_their_own_names_addresses_and_macs():
