@@ -3,8 +3,7 @@
 ``sparkconsole demo [--nodes N] [--scenario S] [--speed X] [--serve] [--read-only]``
 
 * without ``--serve``: opens the console on the simulated cluster (the UI starts the cluster in
-  its own event loop); if the UI cannot be imported, a plain live view prints one line per node
-  every second until Ctrl-C;
+  its own event loop);
 * ``--serve``: keeps only the cluster running and prints how to reach each node with plain
   OpenSSH (``ssh -i KEY -p PORT -o UserKnownHostsFile=FILE root@127.0.0.1``), until Ctrl-C; it
   also writes an inventory file for the running cluster (``--inventory FILE``, default
@@ -67,14 +66,8 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             pass
         return 0
-    try:
-        from sparkconsole.ui.app import DemoOptions, run_console
-    except ImportError:
-        try:
-            asyncio.run(_live_view(args))
-        except KeyboardInterrupt:
-            pass
-        return 0
+    from sparkconsole.ui.app import DemoOptions, run_console
+
     opts = DemoOptions(nodes=args.nodes, scenario=args.scenario, speed=args.speed, read_only=bool(args.read_only))
     with _workdirs_removed_on_signal():
         return run_console(demo=opts)
@@ -113,7 +106,7 @@ def _workdirs_removed_on_signal():
             signal.signal(sig, old)
 
 
-async def _serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -> None:
+async def _serve(args: argparse.Namespace) -> None:
     from sparkconsole.sim import start_demo_cluster
 
     stop = _stop_on_signals()
@@ -130,48 +123,4 @@ async def _serve(args: argparse.Namespace, ready: asyncio.Event | None = None) -
         print(f"  sparkconsole deploy --config {inv}")
         print("Try: ... root@127.0.0.1 nvidia-smi | ibdev2netdev | docker ps | free -h. Ctrl-C stops the cluster.")
         sys.stdout.flush()
-        if ready is not None:
-            ready.set()
         await stop.wait()
-
-
-def _fmt_line(name: str, sample, status: str) -> str:
-    gib = 2**30
-    if sample is None:
-        return f"{name:<12} {status:<8} —"
-    mem = sample.memory
-    used = f"{mem.used_bytes / gib:5.1f}" if mem.used_bytes is not None else "    —"
-    total = f"{mem.total_bytes / gib:.1f}" if mem.total_bytes is not None else "—"
-    g = sample.gpus[0] if sample.gpus else None
-    util = f"{g.utilization_pct:3.0f}%" if g and g.utilization_pct is not None else "   —"
-    temp = f"{g.temperature_c:3.0f}C" if g and g.temperature_c is not None else "   —"
-    up = sum(1 for link in sample.links if link.state == "up")
-    return (f"{name:<12} {status:<8} mem {used}/{total} GiB  gpu {util}  {temp}  "
-            f"links up {up}/{len(sample.links)}")
-
-
-async def _live_view(args: argparse.Namespace) -> None:
-    """The plain text view: one line per node per second (used when the UI is not available)."""
-    from sparkconsole.sim import start_demo_cluster
-
-    stop = _stop_on_signals()
-    async with start_demo_cluster(nodes=args.nodes, scenario=args.scenario, speed=args.speed,
-                                  read_only=args.read_only) as demo:
-        try:
-            from sparkconsole.probe.poller import ClusterPoller
-        except ImportError:  # pragma: no cover - the poller is part of the package
-            ClusterPoller = None
-        if ClusterPoller is None:
-            return
-        poller = ClusterPoller(demo.config, interval=1.0)
-        try:
-            while not stop.is_set():
-                states = await poller.poll_all()
-                for st in states:
-                    print(_fmt_line(st.name, st.sample, getattr(st.status, "value", str(st.status))))
-                print("", flush=True)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
-        finally:
-            with contextlib.suppress(Exception):
-                await poller.close()
