@@ -78,6 +78,16 @@ def ssh(cmdline: str, remote: str) -> str:
     return subprocess.run([*cmdline.split(), remote], capture_output=True, text=True, timeout=30).stdout
 
 
+def _answers(cmdline: str) -> bool:
+    """Whether the node behind an ssh command line still runs a command within two seconds."""
+    *opts, dest = cmdline.split()
+    try:
+        return subprocess.run([*opts, "-o", "ConnectTimeout=2", dest, "true"], capture_output=True,
+                              timeout=2).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def steps(events: list[dict]) -> dict[str, str]:
     out: dict[str, str] = {}
     for e in events:
@@ -168,8 +178,10 @@ def test_plan_only_prints_every_step_and_each_nodes_environment_and_changes_noth
 ])
 def test_a_broken_cluster_stops_at_the_step_that_sees_it_with_the_fix(tmp_path, scenario, step, words):
     with demo_cluster(tmp_path, scenario) as demo:
-        if scenario == "node-lost":
-            time.sleep(0.5)  # lost 20 simulated seconds in
+        if scenario == "node-lost":  # lost 20 simulated seconds in: wait until its ssh no longer answers
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and _answers(demo["spark-5be3"]):
+                pass
         rc, events, err = deploy(tmp_path / "state", "--config", demo["config"], "--auto")
     assert rc == 1, err
     assert steps(events)[step] == "failed"
