@@ -281,3 +281,26 @@ def test_demo_serve_stopped_by_a_signal_removes_its_folder_and_key(tmp_path, sig
     assert "Traceback" not in err, err
     assert not workdir.exists(), "the client's private key must go with the demo"
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_the_console_removes_the_demos_folder_when_its_terminal_goes_away(tmp_path):
+    """Issue 11 item 15: closing the terminal (tmux killed: SIGHUP) must not leave the demo's folder,
+    client private key included, behind."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    if TMUX is None:
+        pytest.skip("tmux is not installed")
+    env = _env(tmp_path)
+    env["TMPDIR"] = str(tmp)
+    t = Tmux(env)
+    try:
+        t.start(f"env TMPDIR={shlex.quote(str(tmp))} {shlex.quote(_sparkconsole())} demo")
+        t.wait_for("spark-1a32", "spark-5be3", "Unified memory")
+        folders = list(tmp.glob("sparkconsole-demo-*"))
+        assert folders and (folders[0] / "id_ed25519").exists()
+    finally:
+        t.kill()
+    deadline = time.monotonic() + 15
+    while any(tmp.glob("sparkconsole-demo-*")):
+        assert time.monotonic() < deadline, [str(p) for p in tmp.rglob("*")]
+        time.sleep(0.1)
