@@ -88,7 +88,8 @@ async def test_timeout_kills_the_quiet_tree_and_says_so(transport: Transport) ->
     with pytest.raises(CommandTimeout, match=r"^node-a: timed out after 0\.8 s: .*; killed on the node") as err:
         await transport.run(cmd, timeout=0.8)
     assert time.monotonic() - start < 5
-    assert err.value.killed and (err.value.processes or 0) >= 3  # the three sleeps (and the shell)
+    # how many the last sweep found depends on what the group kill reached first; none may survive
+    assert err.value.killed and (err.value.processes or 0) >= 1
     assert isinstance(err.value, TransportError)
     assert await wait_until(lambda: not any(processes_with(s) for s in sleeps), 5), "the tree survived"
     assert (await transport.run("echo still-here")).stdout == "still-here\n"

@@ -175,6 +175,16 @@ async def _select(app, pilot, name: str) -> None:
     raise AssertionError(f"{name} not in the services table")
 
 
+async def _stop_confirmed(pilot, app, name: str) -> None:
+    """Open the head's detail, select ``name``, press `s` and confirm with `y`; the action runs."""
+    await pilot.press("1")
+    await _select(app, pilot, name)
+    await pilot.press("s")
+    await pilot.pause()
+    await pilot.press("y")
+    await run_actions(pilot, app)
+
+
 async def test_stop_and_start_with_confirmation_journaled(tmp_path):
     app = demo_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -512,12 +522,7 @@ async def test_r_polls_while_paused_and_so_does_the_refresh_after_a_service_acti
         assert len(app.states()[0].history.values("gpu_util")) == before + 1
         assert app.paused  # `r` polls once; it does not resume
         # a service action's own refresh shows its effect while paused, no poll needed from us
-        await pilot.press("1")
-        await _select(app, pilot, "reranker")
-        await pilot.press("s")
-        await pilot.pause()
-        await pilot.press("y")
-        await run_actions(pilot, app)
+        await _stop_confirmed(pilot, app, "reranker")
         await app.workers.wait_for_complete()
         await pilot.pause()
         head = app.node_state("spark-1a32").sample
@@ -529,12 +534,7 @@ async def test_a_service_action_whose_journal_cannot_be_written_is_said(tmp_path
     (tmp_path / "journal.jsonl").mkdir()  # the journal's path is a folder: writing it fails
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot, app, ticks=1)
-        await pilot.press("1")
-        await _select(app, pilot, "reranker")
-        await pilot.press("s")
-        await pilot.pause()
-        await pilot.press("y")
-        await run_actions(pilot, app)
+        await _stop_confirmed(pilot, app, "reranker")
         await pilot.pause()
         errors = [n for n in app._notifications if n.severity == "error"]
         assert errors and "service action failed" in errors[-1].message
