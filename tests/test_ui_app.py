@@ -640,3 +640,26 @@ async def test_the_cards_and_log_scrollbars_have_no_partial_block_ends(tmp_path)
         await pilot.pause()
         text = _scrollbar_text(log)
         assert not PARTIAL_BLOCKS & set(text) and "┃" in text
+
+
+async def test_one_nodes_new_sample_draws_its_card_only(tmp_path):
+    """Issue 12's update path: a poll ending on one node redraws that node's card once; the other
+    cards are not drawn, and a card whose node did not change is not drawn again (a call count)."""
+    from sparkconsole.ui.widgets.node_card import NodeCard
+
+    app = demo_app(tmp_path, nodes=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        cards = {c.node: c for c in app.screen.query(NodeCard)}
+        assert len(cards) == 4
+        before = {n: getattr(c, "draws", 0) for n, c in cards.items()}
+        first = next(iter(cards))
+        app.demo.sim_clock.advance(2.0)  # sim time moves (a new sample), the wall clock does not (same ages)
+        await app.poller.pollers[first].poll_once()
+        app._show_node(first)  # what the end of a node's poll worker calls
+        await pilot.pause()
+        after = {n: getattr(c, "draws", 0) for n, c in cards.items()}
+        assert after[first] == before[first] + 1
+        assert all(after[n] == before[n] for n in cards if n != first)
+        app.screen.refresh_node(first)  # nothing new: nothing drawn
+        assert getattr(cards[first], "draws", 0) == after[first]

@@ -68,20 +68,44 @@ class OverviewScreen(LiveScreen):
         self.query_one("#cards", Grid).styles.grid_size_columns = columns
 
     def draw(self) -> None:
-        app = self.app
-        alerts: list[Alert] = app.alerts()  # type: ignore[attr-defined]
+        alerts: list[Alert] = self.app.alerts()  # type: ignore[attr-defined]
         for card in self.query(NodeCard):
-            state: NodeState = app.node_state(card.node)  # type: ignore[attr-defined]
-            card.show(state, [a for a in alerts if a.node == card.node])
-        self.query_one("#status-strip", Static).update(app.status_strip())  # type: ignore[attr-defined]
+            self._show_card(card, alerts)
+        self._draw_around(alerts)
+
+    def refresh_node(self, name: str) -> None:
+        """One node's poll ended: redraw its card only (and the strip, the cluster's alerts and the
+        events when their text changed), not every card: a cluster of N nodes costs N card draws
+        per round of polls, not N x N."""
+        if not self._ready or not self.is_attached:
+            return
+        alerts: list[Alert] = self.app.alerts()  # type: ignore[attr-defined]
+        for card in self.query(NodeCard):
+            if card.node == name:
+                self._show_card(card, alerts)
+        self._draw_around(alerts)
+
+    def _show_card(self, card: NodeCard, alerts: list[Alert]) -> None:
+        state: NodeState = self.app.node_state(card.node)  # type: ignore[attr-defined]
+        card.show(state, [a for a in alerts if a.node == card.node])
+
+    def _draw_around(self, alerts: list[Alert]) -> None:
+        app = self.app
+        self._update_if_changed("#status-strip", app.status_strip())  # type: ignore[attr-defined]
         cluster = [a for a in alerts if a.node == "cluster"]
         text = Text()
         for alert in cluster:
             text.append(f"⚠ {alert.text}\n", style="dark_orange")
-        widget = self.query_one("#cluster-alerts", Static)
-        widget.update(text)
-        widget.display = bool(cluster)
-        self.query_one("#events", Static).update(events_text(app.events))  # type: ignore[attr-defined]
+        self._update_if_changed("#cluster-alerts", text)
+        self.query_one("#cluster-alerts", Static).display = bool(cluster)
+        self._update_if_changed("#events", events_text(app.events))  # type: ignore[attr-defined]
+
+    def _update_if_changed(self, selector: str, text: Text) -> None:
+        key = (text.plain, tuple((str(sp.style), sp.start, sp.end) for sp in text.spans))
+        if getattr(self, "_last_text", {}).get(selector) == key:
+            return
+        self.__dict__.setdefault("_last_text", {})[selector] = key
+        self.query_one(selector, Static).update(text)
 
     def on_node_card_selected(self, message: NodeCard.Selected) -> None:
         self.app.open_node_by_name(message.node)  # type: ignore[attr-defined]

@@ -176,6 +176,12 @@ def card_renderable(state: NodeState, role: str, now: float, alerts: list[Alert]
     return Group(*parts)
 
 
+def _last_point(state: NodeState) -> float | None:
+    """When the history last moved (a sample or a gap): the sparklines change with it."""
+    series = state.history.series.get("gpu_util") if state.history else None
+    return series[-1][0] if series else None
+
+
 class NodeCard(Static, can_focus=True):
     """A node's card on the overview. Click or Enter opens its detail."""
 
@@ -193,7 +199,18 @@ class NodeCard(Static, can_focus=True):
         self.border_title = f"[{index}] {node}"
 
     def show(self, state: NodeState, alerts: list[Alert]) -> None:
-        self._shown = card_renderable(state, self.role, self.clock(), alerts)
+        """Draw the card, unless nothing it shows changed since the last draw (same sample, status,
+        reason, age to the second and alerts): an unchanged card is not rendered or laid out again."""
+        now = self.clock()
+        age = state.age(now)
+        key = (id(state.sample), state.sample.taken_at if state.sample else None, state.status, state.reason,
+               None if age is None else int(age), tuple((a.severity, a.text) for a in alerts),
+               _last_point(state))
+        if key == getattr(self, "_shown_key", None):
+            return
+        self._shown_key = key
+        self.draws = getattr(self, "draws", 0) + 1
+        self._shown = card_renderable(state, self.role, now, alerts)
         self.update(self._shown)
         self.set_class(state.status is NodeStatus.DOWN, "-down")
         self.set_class(state.status is NodeStatus.STALE, "-stale")
