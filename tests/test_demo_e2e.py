@@ -56,6 +56,21 @@ def _env(tmp_path: Path) -> dict[str, str]:
 # --- demo --serve + OpenSSH --------------------------------------------------------------------
 
 
+def _stop(proc: subprocess.Popen, sig: int) -> str:
+    """Stop ``demo --serve`` with ``sig`` (killed if it does not end in 15 s); what it wrote on stderr."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    proc.stdout.close()
+    return err
+
+
 SSH_LINE = re.compile(r"^\s*(?P<node>spark-[0-9a-z]+): (?P<cmd>ssh .*)$")
 
 
@@ -104,16 +119,7 @@ def test_demo_serve_is_reachable_with_the_printed_openssh_command_and_stops_on_c
             assert "VLLM::EngineCore" in out, out  # the story: vLLM services on both nodes
         workdir = Path(known[0]).parent
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    err = proc.stderr.read()
-    proc.stderr.close()
-    proc.stdout.close()
+        err = _stop(proc, signal.SIGINT)
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
     assert not workdir.exists(), "the demo's key and known_hosts should go with it"
@@ -268,15 +274,8 @@ def test_demo_serve_stopped_by_a_signal_removes_its_folder_and_key(tmp_path, sig
                 break
         assert workdir is not None and workdir.parent == tmp_path / "tmp"
         assert (workdir / "id_ed25519").exists()
-        proc.send_signal(sig)
-        proc.wait(timeout=15)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        err = proc.stderr.read()
-        proc.stderr.close()
-        proc.stdout.close()
+        err = _stop(proc, sig)
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
     assert not workdir.exists(), "the client's private key must go with the demo"

@@ -28,10 +28,12 @@ from sparkconsole.deploy import weights as W
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.recon import NodeFacts, facts_from_output, normalize_image, recon_command
 from sparkconsole.deploy.runner import GoTo, Runner, StepFailed
+from sparkconsole.deploy.state import Started, Stopped
 from sparkconsole.logs.vllm import VllmLogTracker
 from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
 from sparkconsole.planner.plan import PlanOptions, compare_tp, layout_row
 from sparkconsole.planner.spec import load_spec
+from sparkconsole.probe.parsers import parse_docker_ps, parse_ray_status
 from sparkconsole.remote import (
     RemoteCommand,
     command,
@@ -102,12 +104,19 @@ class Flow:
         self.r = runner
         self.o = options
         self.spec = load_spec(options.model, offline=True)
+        self._facts: dict[str, NodeFacts] = {}
+        self._facts_of: object = None
         self.steps: list[Step] = [cls(self) for cls in STEPS]
 
     # -- facts --------------------------------------------------------------------------------
     @property
     def facts(self) -> dict[str, NodeFacts]:
-        return {n: NodeFacts.from_json(d) for n, d in self.r.state.facts.get("nodes", {}).items()}
+        """What recon read, parsed once per read (recon stores a new mapping each time it reads)."""
+        raw = self.r.state.facts.get("nodes", {})
+        if self._facts_of is not raw:
+            self._facts = {n: NodeFacts.from_json(d) for n, d in raw.items()}
+            self._facts_of = raw
+        return self._facts
 
     def fact(self, node: str) -> NodeFacts:
         return self.facts[node]
@@ -767,8 +776,6 @@ class FreeMemory(Step):
         return [(n, docker_action("stop", name)) for n, name in self.f.get("stops") or []]
 
     async def apply(self) -> None:
-        from sparkconsole.deploy.state import Stopped
-
         for n, name in self.f.get("stops") or []:
             res = await self.r.change(n, docker_action("stop", name), key=f"stop {n} {name}")
             if not res.ok:
@@ -858,8 +865,6 @@ class Cluster(Step):
         return [(n, self._ray_cmd(n)) for n in self.f.nodes]
 
     async def _status(self) -> tuple[int, float]:
-        from sparkconsole.probe.parsers import parse_ray_status
-
         res = await self.r.read(self.f.head, docker_exec(self.f.container("ray"), ["ray", "status"]), timeout=60,
                                 quiet=True)
         st = parse_ray_status(res.stdout) if res.ok else None
@@ -877,8 +882,6 @@ class Cluster(Step):
         return None
 
     async def apply(self) -> None:
-        from sparkconsole.deploy.state import Started
-
         f = self.f
         if f.executor != "ray":
             self.r.note("native multi-node: the serve step starts one engine container per node, workers first")
@@ -989,8 +992,6 @@ class Serve(Step):
 
     async def apply(self) -> None:
         f = self.f
-        from sparkconsole.deploy.state import Started
-
         if f.executor == "ray" and f.engine == "vllm":
             await self.r.change(f.head, mkdir_p(f"{f.fact(f.head).hf_dir}/sparkconsole/{self.r.state.short_id}"),
                                 key="mkdir serve log")
@@ -1196,8 +1197,6 @@ class Teardown:
             res = await r.change(n, docker_rm_force(*names))
             if not res.ok and "No such container" not in res.stderr:
                 raise StepFailed(f"{n}: docker rm -f failed: {res.stderr.strip()[-200:]}")
-        from sparkconsole.probe.parsers import parse_docker_ps
-
         for n, names in by_node.items():
             ps = await r.read(n, command("docker", "ps", "-a", "--format", "{{json .}}"))
             left = {c.name for c in parse_docker_ps(ps.stdout)} & set(names)
