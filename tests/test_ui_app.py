@@ -622,6 +622,9 @@ async def test_the_cards_and_log_scrollbars_have_no_partial_block_ends(tmp_path)
     app = demo_app(tmp_path, nodes=4)
     async with app.run_test(size=(160, 40)) as pilot:
         await started(pilot, app, ticks=2)
+        assert app.screen.view == "table"  # four cards do not fit in 40 lines: the table by itself
+        await pilot.press("v")
+        await pilot.pause()
         scroll = app.screen.query_one("#cards-scroll")
         await until(pilot, lambda: scroll.max_scroll_y > 0 and scroll.vertical_scrollbar.size.height > 0)
         for y in range(0, int(scroll.max_scroll_y) + 1, 3):  # every thumb position, ends included
@@ -642,24 +645,92 @@ async def test_the_cards_and_log_scrollbars_have_no_partial_block_ends(tmp_path)
         assert not PARTIAL_BLOCKS & set(text) and "┃" in text
 
 
-async def test_one_nodes_new_sample_draws_its_card_only(tmp_path):
-    """Issue 12's update path: a poll ending on one node redraws that node's card once; the other
-    cards are not drawn, and a card whose node did not change is not drawn again (a call count)."""
+async def _new_sample(pilot, app, name: str) -> None:
+    """One node's poll ends with a new sample (sim time moves; the wall clock and the ages do not)."""
+    app.demo.sim_clock.advance(2.0)
+    await app.poller.pollers[name].poll_once()
+    app._show_node(name)  # what the end of a node's poll worker does: a NodeUpdated message
+    await pilot.pause(0.2)  # past the overview's coalescing window
+
+
+async def test_one_nodes_new_sample_renders_its_card_only(tmp_path):
+    """Issue 12's update path: a poll ending on one node renders that node's card once; the other
+    cards are not rendered, and a card whose node did not change is not rendered again (call counts)."""
     from sparkconsole.ui.widgets.node_card import NodeCard
 
     app = demo_app(tmp_path, nodes=4)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(200, 70)) as pilot:  # four cards fit: the card view
         await started(pilot, app, ticks=1)
+        assert app.screen.view == "cards"
         cards = {c.node: c for c in app.screen.query(NodeCard)}
         assert len(cards) == 4
-        before = {n: getattr(c, "draws", 0) for n, c in cards.items()}
+        before = {n: (c.draws, c.renders) for n, c in cards.items()}
         first = next(iter(cards))
-        app.demo.sim_clock.advance(2.0)  # sim time moves (a new sample), the wall clock does not (same ages)
-        await app.poller.pollers[first].poll_once()
-        app._show_node(first)  # what the end of a node's poll worker calls
-        await pilot.pause()
-        after = {n: getattr(c, "draws", 0) for n, c in cards.items()}
-        assert after[first] == before[first] + 1
+        await _new_sample(pilot, app, first)
+        after = {n: (c.draws, c.renders) for n, c in cards.items()}
+        assert after[first] == (before[first][0] + 1, before[first][1] + 1)
         assert all(after[n] == before[n] for n in cards if n != first)
-        app.screen.refresh_node(first)  # nothing new: nothing drawn
-        assert getattr(cards[first], "draws", 0) == after[first]
+        app._show_node(first)  # nothing new: nothing drawn, nothing rendered
+        await pilot.pause(0.2)
+        assert (cards[first].draws, cards[first].renders) == after[first]
+
+
+async def test_one_nodes_new_sample_renders_one_table_row(tmp_path):
+    """The dense view: a node's sample renders its row and no other."""
+    from sparkconsole.ui.widgets.node_table import NodeTable
+
+    app = demo_app(tmp_path, nodes=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=1)
+        assert app.screen.view == "table"  # eight cards do not fit in 48 lines
+        table = app.screen.query_one(NodeTable)
+        await pilot.pause(0.2)
+        assert len(table.plain_lines()) == 1 + 8
+        before = table.renders
+        await _new_sample(pilot, app, app.config.nodes[2].name)
+        assert table.renders == before + 1
+
+
+async def test_a_card_out_of_view_is_rendered_when_it_scrolls_in(tmp_path):
+    """Cards below the fold cost nothing until they are seen; then they show their latest sample."""
+    from sparkconsole.ui.widgets.node_card import NodeCard
+
+    app = demo_app(tmp_path, nodes=6)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot, app, ticks=1)
+        await pilot.press("v")  # the cards, though they do not all fit
+        await pilot.pause(0.2)
+        last = app.screen.query(NodeCard).last()
+        assert not last.in_view()
+        before = last.renders
+        await _new_sample(pilot, app, last.node)
+        assert last.draws and last.renders == before  # taken, not rendered
+        app.screen.query_one("#cards-scroll").scroll_end(animate=False, immediate=True)
+        await until(pilot, lambda: last.in_view() and last.renders == before + 1)
+        assert "up" in last.plain_text()
+
+
+async def test_the_strip_condenses_and_never_wraps_at_64_nodes(tmp_path):
+    """64 nodes: the strip is one line of counts and the names of nodes not up; the table has a row each."""
+    from sparkconsole.probe.state import NodeStatus
+    from sparkconsole.ui.widgets.node_table import NodeTable
+
+    app = demo_app(tmp_path, nodes=64)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot, app, ticks=1)
+        states = app.states()
+        states[6].status, states[6].reason = NodeStatus.DOWN, "no route to host"
+        strip = app.status_strip(118)
+        assert strip.cell_len <= 118 and "\n" not in strip.plain
+        assert "63 up" in strip.plain and "1 down" in strip.plain and states[6].name in strip.plain
+        table = app.screen.query_one(NodeTable)
+        await pilot.pause(0.2)
+        assert len(table.order) == 64
+        await pilot.press("slash")
+        await pilot.press(*states[6].name)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert table.order == [states[6].name]
+        await pilot.press("enter")
+        await until(pilot, lambda: type(app.screen).__name__ == "NodeDetailScreen")
+        assert app.screen.node == states[6].name

@@ -17,6 +17,7 @@ import pytest
 from sparkconsole.probe import poller
 from tests.ui_support import (
     demo_app,
+    dense_view,
     help_screen,
     link_down,
     node_detail,
@@ -41,8 +42,8 @@ def _deterministic(tmp_path, monkeypatch):
     time.tzset()
 
 
-def _snap(snap_compare, tmp_path, scenario, scene) -> bool:
-    app = demo_app(tmp_path, scenario)
+def _snap(snap_compare, tmp_path, scenario, scene, nodes: int = 2) -> bool:
+    app = demo_app(tmp_path, scenario, nodes=nodes)
 
     async def run_before(pilot):
         await scene(pilot, app)
@@ -86,3 +87,8 @@ def test_help(snap_compare, tmp_path):
 def test_weights_40_percent_loaded(snap_compare, tmp_path):
     """GLM restarted from the keyboard; its log followed until 40% of the shards are in."""
     assert _snap(snap_compare, tmp_path, "story", weights_loading)
+
+
+def test_dense_view_of_twelve_nodes(snap_compare, tmp_path):
+    """Twelve Sparks do not fit as cards: one row each, sorted by unified memory."""
+    assert _snap(snap_compare, tmp_path, "story", dense_view, nodes=12)

@@ -116,6 +116,13 @@ async def overview(pilot, app) -> None:
     await started(pilot, app, ticks=12)
 
 
+async def dense_view(pilot, app) -> None:
+    """Many nodes: the overview shows one row per node by itself, sorted by unified memory."""
+    await started(pilot, app, ticks=12)
+    await pilot.press("s", "s", "s")  # node -> status -> gpu -> memory
+    await pilot.pause()
+
+
 async def node_detail(pilot, app) -> None:
     await started(pilot, app, ticks=8)
     await pilot.press("1")

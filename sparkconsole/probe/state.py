@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 
 from sparkconsole.probe.samples import NodeSample
 
@@ -44,14 +45,16 @@ class History:
         dq.append((t, value))
 
     def values(self, metric: str, last: int | None = None) -> list[float | None]:
-        """A snapshot copy (the poller may append while the UI draws)."""
+        """A copy of the values, oldest first; with ``last``, only the newest ``last`` are read
+        (a sparkline of 44 cells reads 44 points, not all 600 kept)."""
         dq = self.series.get(metric)
         if not dq:
             return []
-        pts = list(dq)
-        if last is not None:
-            pts = pts[-last:]
-        return [v for _, v in pts]
+        if last is None or last >= len(dq):
+            return [v for _, v in dq]
+        newest = [v for _, v in islice(reversed(dq), max(last, 0))]
+        newest.reverse()
+        return newest
 
     def record_gap(self, t: float) -> None:
         """A tick that got no sample: one ``None`` point per metric, so sparklines show the outage."""

@@ -15,13 +15,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from rich.text import Text
 from textual import work
 from textual.app import App, SystemCommand
 from textual.command import Hit, Hits, Provider
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.worker import Worker, WorkerState
 
@@ -35,6 +35,7 @@ from sparkconsole.probe.state import NodeState, NodeStatus
 from sparkconsole.services import Debouncer, Service, ServiceController
 from sparkconsole.transport.base import Transport
 from sparkconsole.ui.keymap import APP_BINDINGS
+from sparkconsole.ui.messages import ActionFinished, AgesTicked, NodeUpdated
 from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.help import HelpScreen
 from sparkconsole.ui.screens.logs import LogScreen
@@ -42,6 +43,31 @@ from sparkconsole.ui.screens.node_detail import NodeDetailScreen
 from sparkconsole.ui.screens.overview import OverviewScreen
 
 INTERVALS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
+STRIP_STYLE = {"up": "green", "stale": "dark_orange", "down": "red"}
+
+
+def condensed_strip(states: list[NodeState], width: int) -> Text:
+    """``● 61 up  ◐ 2 stale  ✖ 1 down: spark-7 spark-19 …``: counts, then who is not up."""
+    text = Text()
+    counts: dict[NodeStatus, int] = {}
+    for state in states:
+        counts[state.status] = counts.get(state.status, 0) + 1
+    for status in (NodeStatus.UP, NodeStatus.CONNECTING, NodeStatus.STALE, NodeStatus.DOWN):
+        if counts.get(status):
+            text.append(f" {status.glyph} {counts[status]} {status.value} ",
+                        style=STRIP_STYLE.get(status.value, "yellow"))
+    trouble = [s for s in states if s.status in (NodeStatus.STALE, NodeStatus.DOWN)]
+    if trouble:
+        text.append(" ·", style="dim")
+    for i, state in enumerate(trouble):
+        word = Text(f" {state.name}", style=STRIP_STYLE.get(state.status.value, "yellow"))
+        more = Text(f" +{len(trouble) - i} more", style="dim")
+        if text.cell_len + word.cell_len + (more.cell_len if i < len(trouble) - 1 else 0) > width:
+            text.append_text(more)
+            break
+        text.append_text(word)
+    text.truncate(max(width, 0), overflow="ellipsis")
+    return text
 
 
 @dataclass(frozen=True)
@@ -63,7 +89,7 @@ class NodeCommands(Provider):
     """Palette entries: jump to a node, the overview, pause, refresh."""
 
     async def search(self, query: str) -> Hits:
-        app: SparkConsoleApp = self.app  # type: ignore[assignment]
+        app = cast("SparkConsoleApp", self.app)
         matcher = self.matcher(query)
         entries: list[tuple[str, Callable[[], Any], str]] = [
             ("Overview", app.action_overview, "Back to every node at a glance"),
@@ -280,10 +306,20 @@ class SparkConsoleApp(App[int]):
             self.add_event("warning", f"alert {alert.node}: {alert.text}")
         self._last_alerts = {k for k in self._last_alerts if k[1] not in (name, "cluster")} | current.keys()
 
+    def _watching_screens(self) -> list[Screen]:
+        """The screen on top, and the one under it while a modal (a question, a confirmation) is
+        open: its node panels keep moving behind the modal."""
+        stack = self.screen_stack
+        if not stack:
+            return []
+        shown = [stack[-1]]
+        if isinstance(stack[-1], ModalScreen) and len(stack) > 1:
+            shown.append(stack[-2])
+        return shown
+
     def _show_node(self, name: str) -> None:
-        screen = self.screen
-        if hasattr(screen, "refresh_node"):
-            screen.refresh_node(name)
+        for screen in self._watching_screens():
+            screen.post_message(NodeUpdated(name))
 
     def _tick_ages(self) -> None:
         if self.poller is None:
@@ -305,9 +341,8 @@ class SparkConsoleApp(App[int]):
         alerts = self.alerts()  # once per tick for every node, not once per node
         for name in self.poller.pollers:
             self._note_changes(name, alerts)
-        screen = self.screen
-        if hasattr(screen, "refresh_all"):
-            screen.refresh_all()
+        for screen in self._watching_screens():
+            screen.post_message(AgesTicked())
 
     # ---- data for the screens ------------------------------------------------------------------
 
@@ -322,17 +357,22 @@ class SparkConsoleApp(App[int]):
     def alerts(self) -> list[Alert]:
         return cluster_alerts(self.states())
 
-    def status_strip(self) -> Text:
+    def status_strip(self, width: int | None = None) -> Text:
+        """Every node with its number and status, then the polling state. When that does not fit in
+        ``width`` cells, the nodes condense to counts per status and the names of those not up
+        (as many as fit): the strip is one line at any cluster size."""
+        tail = Text()
+        tail.append("   polling ", style="dim")
+        tail.append("paused" if self.paused else f"every {self.interval:g} s", style="bold" if self.paused else "")
+        if self.config.read_only:
+            tail.append("   READ-ONLY", style="bold red")
         text = Text()
         for i, state in enumerate(self.states(), start=1):
-            style = {"up": "green", "stale": "dark_orange", "down": "red"}.get(state.status.value, "yellow")
             text.append(f" {i} ", style="reverse")
-            text.append(f" {state.status.glyph} {state.name} ", style=style)
-        text.append("   polling ", style="dim")
-        text.append("paused" if self.paused else f"every {self.interval:g} s", style="bold" if self.paused else "")
-        if self.config.read_only:
-            text.append("   READ-ONLY", style="bold red")
-        return text
+            text.append(f" {state.status.glyph} {state.name} ", style=STRIP_STYLE.get(state.status.value, "yellow"))
+        if width is None or text.cell_len + tail.cell_len <= width:
+            return text + tail
+        return condensed_strip(self.states(), width - tail.cell_len) + tail
 
     # ---- actions ---------------------------------------------------------------------------------
 
@@ -420,9 +460,8 @@ class SparkConsoleApp(App[int]):
         self.notify(result.message, severity=result.severity, title=node)
         self.add_event("info" if result.ok else "critical", result.message)
         self.action_refresh_now()
-        screen = self.screen
-        if hasattr(screen, "after_action"):
-            screen.after_action()
+        for screen in self._watching_screens():
+            screen.post_message(ActionFinished(node, result.ok, result.message))
 
     def open_logs(self, node: str, service: Service) -> None:
         assert self.poller is not None

@@ -32,10 +32,28 @@ APP_BINDINGS: list[Binding] = [
 OVERVIEW_BINDINGS: list[Binding] = [
     Binding("enter", "open_focused", "Detail", id="overview.open",
             tooltip="Open the detail of the focused node."),
+    Binding("v", "toggle_view", "Table/cards", id="overview.view",
+            tooltip="One row per node (sortable, filterable) or one card per node. The table is chosen "
+                    "by itself when the cards would not fit."),
+    Binding("s", "sort(1)", "Sort", id="overview.sort",
+            tooltip="Sort the nodes by the next column: node, status, GPU, memory, temp, power, alerts."),
+    Binding("S", "sort(0)", "Reverse", show=False, id="overview.reverse", tooltip="Reverse the sort order."),
+    Binding("slash", "filter", "Filter", key_display="/", id="overview.filter",
+            tooltip="Show only the nodes whose name, status, containers or alerts contain the text."),
     Binding("right,l,tab", "focus_next_card", "Next", show=False, id="overview.next",
             tooltip="Focus the next node."),
     Binding("left,h,shift+tab", "focus_previous_card", "Prev", show=False, id="overview.prev",
             tooltip="Focus the previous node."),
+]
+
+NODE_TABLE_BINDINGS: list[Binding] = [
+    Binding("up,k", "cursor(-1)", "Up", show=False, id="table.up", tooltip="Highlight the node above."),
+    Binding("down,j", "cursor(1)", "Down", show=False, id="table.down", tooltip="Highlight the node below."),
+    Binding("pageup", "page(-1)", "Page up", show=False, id="table.pageup", tooltip="A page of nodes up."),
+    Binding("pagedown", "page(1)", "Page down", show=False, id="table.pagedown", tooltip="A page of nodes down."),
+    Binding("home,g", "edge(0)", "First", show=False, id="table.first", tooltip="The first node."),
+    Binding("end,G", "edge(1)", "Last", show=False, id="table.last", tooltip="The last node."),
+    Binding("enter", "open", "Detail", id="table.open", tooltip="Open the highlighted node's detail."),
 ]
 
 DETAIL_BINDINGS: list[Binding] = [

@@ -52,26 +52,7 @@ def free_text_placeholder(decision: Decision) -> str:
     return f"another value (like {example}), Enter to answer" if example else "another value, Enter to answer"
 
 
-class LiveUnderneath:
-    """A modal over a live screen forwards the app's redraws to it, so the node panels beside the
-    wizard keep moving while a question or a confirmation is open."""
-
-    def _underneath(self):
-        stack = self.app.screen_stack  # type: ignore[attr-defined]
-        return stack[-2] if len(stack) > 1 and stack[-1] is self else None
-
-    def refresh_all(self) -> None:
-        under = self._underneath()
-        if under is not None and hasattr(under, "refresh_all"):
-            under.refresh_all()
-
-    def refresh_node(self, name: str) -> None:
-        under = self._underneath()
-        if under is not None and hasattr(under, "refresh_node"):
-            under.refresh_node(name)
-
-
-class DecisionScreen(LiveUnderneath, ModalScreen[str | None]):
+class DecisionScreen(ModalScreen[str | None]):
     """Asks one :class:`~sparkconsole.deploy.decisions.Decision`."""
 
     BINDINGS = DECISION_BINDINGS

@@ -44,13 +44,19 @@ def _rows(bindings) -> list[tuple[str, str, str]]:
 
 
 def help_table(screen: Screen) -> Table:
-    """Bindings of ``screen`` first, then the app's, each with its tooltip."""
+    """Bindings of the focused widget (the node table's cursor keys), of ``screen``, then the app's,
+    each with its tooltip."""
     table = Table(show_header=True, header_style="bold", expand=True, box=None, padding=(0, 2))
     table.add_column("key", style="bold cyan", no_wrap=True)
     table.add_column("does")
     table.add_column("id", style="dim", no_wrap=True)
     title = type(screen).__name__.replace("Screen", "") or "screen"
-    for heading, bindings in ((title, screen._bindings), ("everywhere", screen.app._bindings)):
+    sections = [(title, screen._bindings), ("everywhere", screen.app._bindings)]
+    focused = screen.focused
+    if focused is not None:
+        label = "".join(f" {c.lower()}" if c.isupper() and i else c for i, c in enumerate(type(focused).__name__))
+        sections.insert(0, (label.capitalize(), focused._bindings))
+    for heading, bindings in sections:
         rows = _rows(bindings)
         if not rows:
             continue

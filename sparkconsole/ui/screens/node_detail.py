@@ -13,6 +13,7 @@ from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState
 from sparkconsole.services import Service, services_from_containers
 from sparkconsole.ui.keymap import DETAIL_BINDINGS
+from sparkconsole.ui.messages import ActionFinished
 from sparkconsole.ui.render import DASH, fmt, gib, thin_scrollbars
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import card_renderable
@@ -85,25 +86,25 @@ class NodeDetailScreen(LiveScreen):
         thin_scrollbars(self.query_one("#detail", VerticalScroll))
         self.mark_ready()
         self.query_one("#containers-table", DataTable).focus()
-        if self.app.config.services:  # type: ignore[attr-defined]
+        if self.sc.config.services:
             self.load_units()
 
     @work(exclusive=True, group="detail-units", exit_on_error=False)
     async def load_units(self) -> None:
-        controller = self.app.controller(self.node)  # type: ignore[attr-defined]
-        self.units = await controller.unit_states(self.app.config.services)  # type: ignore[attr-defined]
-        self._fill_containers(self.app.node_state(self.node).sample)  # type: ignore[attr-defined]
+        controller = self.sc.controller(self.node)
+        self.units = await controller.unit_states(self.sc.config.services)
+        self._fill_containers(self.sc.node_state(self.node).sample)
 
-    def refresh_node(self, name: str) -> None:
+    def draw_node(self, name: str) -> None:
         if name == self.node:
-            self.refresh_all()
+            self.draw()
 
     def draw(self) -> None:
-        app = self.app
-        state: NodeState = app.node_state(self.node)  # type: ignore[attr-defined]
-        role = app.config.node(self.node).role  # type: ignore[attr-defined]
-        alerts = [a for a in app.alerts() if a.node == self.node]  # type: ignore[attr-defined]
-        self.query_one("#detail-card", Static).update(card_renderable(state, role, app.clock(), alerts))  # type: ignore[attr-defined]
+        app = self.sc
+        state: NodeState = app.node_state(self.node)
+        role = app.config.node(self.node).role
+        alerts = [a for a in app.alerts() if a.node == self.node]
+        self.query_one("#detail-card", Static).update(card_renderable(state, role, app.clock(), alerts))
         sample = state.sample
         self.query_one("#detail-info", Static).update(self._info(sample))
         self._fill_links(sample)
@@ -156,7 +157,7 @@ class NodeDetailScreen(LiveScreen):
         sync_table(self.query_one("#links-table", DataTable), rows)
 
     def services(self) -> list[Service]:
-        sample = self.app.node_state(self.node).sample  # type: ignore[attr-defined]
+        sample = self.sc.node_state(self.node).sample
         return [*services_from_containers(sample.containers if sample else ()), *self.units]
 
     def _fill_containers(self, sample: NodeSample | None) -> None:
@@ -190,17 +191,18 @@ class NodeDetailScreen(LiveScreen):
         if svc is None:
             self.notify("no service selected", severity="warning")
             return
-        self.app.run_service_action(self.node, svc, action)  # type: ignore[attr-defined]
+        self.sc.run_service_action(self.node, svc, action)
 
     def action_logs(self) -> None:
         svc = self.selected_service()
         if svc is None:
             self.notify("no service selected", severity="warning")
             return
-        self.app.open_logs(self.node, svc)  # type: ignore[attr-defined]
+        self.sc.open_logs(self.node, svc)
 
-    def after_action(self) -> None:
-        if self.app.config.services:  # type: ignore[attr-defined]
+    def on_action_finished(self, message: ActionFinished) -> None:
+        """A service changed: read the systemd units again (the containers come with the next poll)."""
+        if message.node == self.node and self.sc.config.services:
             self.load_units()
 
     def _fill_procs(self, sample: NodeSample | None) -> None:
@@ -228,4 +230,4 @@ class NodeDetailScreen(LiveScreen):
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "container-filter":
             self.filter_text = event.value
-            self._fill_containers(self.app.node_state(self.node).sample)  # type: ignore[attr-defined]
+            self._fill_containers(self.sc.node_state(self.node).sample)

@@ -56,7 +56,6 @@ from sparkconsole.deploy.state import DeploymentState
 from sparkconsole.remote import RemoteCommand
 from sparkconsole.ui.keymap import WIZARD_BINDINGS
 from sparkconsole.ui.screens.confirm import ConfirmScreen
-from sparkconsole.ui.screens.decision import LiveUnderneath
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_panel import NodePanel
 
@@ -298,7 +297,7 @@ def commands_table(commands: Sequence[tuple[str, str]]) -> Table:
     return grid
 
 
-class StepConfirmScreen(LiveUnderneath, ConfirmScreen):
+class StepConfirmScreen(ConfirmScreen):
     """The generic confirmation, for a step's changing commands: wider, one block per command, the
     commands scrolled when there are many, and the node panels still moving underneath."""
 
@@ -374,7 +373,7 @@ class WizardScreen(LiveScreen):
                 yield Vertical(id="wizard-progress")
                 yield Log(max_lines=OUTPUT_LINES, id="wizard-output", auto_scroll=True)
             with VerticalScroll(id="wizard-nodes", can_focus=False):
-                for i, node in enumerate(self.app.config.nodes, start=1):  # type: ignore[attr-defined]
+                for i, node in enumerate(self.sc.config.nodes, start=1):
                     yield NodePanel(node.name, node.role, i)
         yield Footer()
 
@@ -408,23 +407,23 @@ class WizardScreen(LiveScreen):
 
     def draw(self) -> None:
         """The node panels, from the poller's states (called on every poll and every second)."""
-        app = self.app
+        app = self.sc
         for name, panel in self._panels.items():
-            panel.show(app.node_state(name))  # type: ignore[attr-defined]
+            panel.show(app.node_state(name))
 
     @property
     def read_only(self) -> bool:
-        return bool(self.app.config.read_only)  # type: ignore[attr-defined]
+        return bool(self.sc.config.read_only)
 
     def status_text(self) -> Text:
-        app = self.app
+        app = self.sc
         text = Text()
         if self.state is not None:
             text.append("deployment ", style="dim")
             text.append(self.state.id, style="bold")
             text.append(" · ")
         text.append(self.options.model, style="bold")
-        nodes = [n.name for n in app.config.nodes]  # type: ignore[attr-defined]
+        nodes = [n.name for n in app.config.nodes]
         text.append(f" on {', '.join(nodes)}", style="dim")
         text.append("   ")
         if self.auto:
@@ -528,7 +527,7 @@ class WizardScreen(LiveScreen):
             log.write_line(f"{e.node}  {e.text}")
             return
         if isinstance(e, ResultEvent):
-            self.app.add_event("info" if e.ok else "warning",  # type: ignore[attr-defined]
+            self.sc.add_event("info" if e.ok else "warning",
                                f"wizard: {'served' if e.ok and e.endpoint else 'ok' if e.ok else 'stopped'}: "
                                f"{e.message}")
         self._draw_run()
@@ -562,7 +561,7 @@ class WizardScreen(LiveScreen):
         return Settings(poll_s=DEMO_POLL_S, speed=scale) if scale != 1.0 else Settings()
 
     def _new_state(self) -> DeploymentState:
-        config = self.app.config  # type: ignore[attr-defined]
+        config = self.sc.config
         if self.read_only:
             return DeploymentState.new(self.options.model, self.options.to_json(), config.name)
         if getattr(self.app, "demo", None) is None:
@@ -739,6 +738,6 @@ class WizardScreen(LiveScreen):
         if not started:
             self.notify("no container started by this deployment yet", timeout=3)
             return
-        head = self.app.config.head  # type: ignore[attr-defined]
+        head = self.sc.config.head
         pick = next((s for s in started if head is not None and s.node == head.name), started[0])
-        self.app.open_logs(pick.node, Service(name=pick.name, kind="container"))  # type: ignore[attr-defined]
+        self.sc.open_logs(pick.node, Service(name=pick.name, kind="container"))

@@ -8,12 +8,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.message import Message
-from textual.widgets import Static
 
 from sparkconsole.probe.alerts import Alert
 from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState, NodeStatus
 from sparkconsole.ui.render import DASH, fmt, gib, memory_bar, memory_legend, sparkline
+from sparkconsole.ui.widgets.lines import RenderedLines
 
 STATUS_STYLE = {
     NodeStatus.CONNECTING: "yellow",
@@ -21,9 +21,14 @@ STATUS_STYLE = {
     NodeStatus.STALE: "dark_orange",
     NodeStatus.DOWN: "red",
 }
-SPARK_WIDTH = 44
-BAR_WIDTH = 70
+CARD_WIDTH = 76  # the content width a card is drawn at when no width is given (tests, detail)
+MIN_CARD_WIDTH = 60  # narrower than this, the sparklines and the memory bar lose their meaning
 TOP_CONTAINERS = 4
+
+
+def spark_width(width: int) -> int:
+    """Sparklines take what the label (6) and value (10) columns and their gaps leave."""
+    return max(10, width - 18)
 
 
 def age_text(state: NodeState, now: float) -> str:
@@ -50,13 +55,14 @@ def status_line(state: NodeState, role: str, now: float) -> Text:
     return text
 
 
-def gpu_block(state: NodeState, sample: NodeSample) -> Table:
+def gpu_block(state: NodeState, sample: NodeSample, width: int = CARD_WIDTH) -> Table:
     gpu = sample.gpus[0] if sample.gpus else None
     hist = state.history
+    cells = spark_width(width)
     table = Table.grid(padding=(0, 1))
     table.add_column(width=6)
     table.add_column(width=10, justify="right")
-    table.add_column(width=SPARK_WIDTH)
+    table.add_column(width=cells)
     rows = [
         ("util", fmt(gpu.utilization_pct if gpu else None, " %"), "gpu_util", 0.0, 100.0, "green"),
         ("temp", fmt(gpu.temperature_c if gpu else None, " °C"), "gpu_temp", 20.0, 95.0, "yellow"),
@@ -64,7 +70,7 @@ def gpu_block(state: NodeState, sample: NodeSample) -> Table:
         ("clock", fmt(gpu.clock_sm_mhz if gpu else None, " MHz"), "gpu_clock", 0.0, None, "cyan"),
     ]
     for label, value, metric, lo, hi, colour in rows:
-        table.add_row(Text(label, style="dim"), value, sparkline(hist.values(metric), SPARK_WIDTH, lo, hi, colour))
+        table.add_row(Text(label, style="dim"), value, sparkline(hist.values(metric, last=cells), cells, lo, hi, colour))
     return table
 
 
@@ -147,7 +153,9 @@ def renderable_text(renderable, width: int = 76) -> str:
     return console.file.getvalue()
 
 
-def card_renderable(state: NodeState, role: str, now: float, alerts: list[Alert]) -> Group:
+def card_renderable(state: NodeState, role: str, now: float, alerts: list[Alert],
+                    width: int = CARD_WIDTH) -> Group:
+    """The card at ``width`` content cells: the sparklines and the memory bar follow the width."""
     parts: list = [status_line(state, role, now)]
     sample = state.sample
     if sample is None:
@@ -160,11 +168,11 @@ def card_renderable(state: NodeState, role: str, now: float, alerts: list[Alert]
     else:
         head.append(gpu.name or DASH)
         head.append(f" · driver {sample.driver_version or DASH} · CUDA {sample.cuda_version or DASH}", style="dim")
-    parts += [Text(""), head, gpu_block(state, sample), Text("")]
+    parts += [Text(""), head, gpu_block(state, sample, width), Text("")]
     mem = sample.memory
     mem_head = Text("Unified memory  ", style="bold")
     mem_head.append(f"{gib(mem.used_bytes)} / {gib(mem.total_bytes)} GiB used · {gib(mem.available_bytes)} GiB available")
-    parts += [mem_head, memory_bar(mem, BAR_WIDTH), memory_legend(mem), Text("")]
+    parts += [mem_head, memory_bar(mem, width), memory_legend(mem), Text("")]
     parts += [gpu_processes_line(sample), links_line(sample), containers_line(sample)]
     if sample.containers:
         parts.append(containers_table(sample))
@@ -182,8 +190,9 @@ def _last_point(state: NodeState) -> float | None:
     return series[-1][0] if series else None
 
 
-class NodeCard(Static, can_focus=True):
-    """A node's card on the overview. Click or Enter opens its detail."""
+class NodeCard(RenderedLines, can_focus=True):
+    """A node's card on the overview, drawn through the line API at the card's own width.
+    Click or Enter opens its detail."""
 
     class Selected(Message):
         def __init__(self, node: str) -> None:
@@ -197,21 +206,23 @@ class NodeCard(Static, can_focus=True):
         self.index = index
         self.clock = clock
         self.border_title = f"[{index}] {node}"
+        self.draws = 0  # how often show() found something new (renders: how often it was rendered)
+        self._state: NodeState | None = None
+        self._alerts: list[Alert] = []
+        self._shown_key: tuple | None = None
 
     def show(self, state: NodeState, alerts: list[Alert]) -> None:
         """Draw the card, unless nothing it shows changed since the last draw (same sample, status,
-        reason, age to the second and alerts): an unchanged card is not rendered or laid out again."""
+        reason, age as shown and alerts): an unchanged card is not rendered or laid out again."""
         now = self.clock()
-        age = state.age(now)
         key = (id(state.sample), state.sample.taken_at if state.sample else None, state.status, state.reason,
-               None if age is None else int(age), tuple((a.severity, a.text) for a in alerts),
-               _last_point(state))
-        if key == getattr(self, "_shown_key", None):
+               age_text(state, now), tuple((a.severity, a.text) for a in alerts), _last_point(state))
+        if key == self._shown_key:
             return
         self._shown_key = key
-        self.draws = getattr(self, "draws", 0) + 1
-        self._shown = card_renderable(state, self.role, now, alerts)
-        self.update(self._shown)
+        self.draws += 1
+        self._state, self._alerts = state, alerts
+        self.show_renderable(_CardAt(self, now))
         self.set_class(state.status is NodeStatus.DOWN, "-down")
         self.set_class(state.status is NodeStatus.STALE, "-stale")
         reasons = dict(state.sample.unknown) if state.sample else {}
@@ -220,9 +231,25 @@ class NodeCard(Static, can_focus=True):
         self.tooltip = "\n".join(f"{k}: {v}" for k, v in reasons.items()) or None
         self.border_subtitle = state.status.value
 
-    def plain_text(self, width: int = 76) -> str:
+    def plain_text(self, width: int = CARD_WIDTH) -> str:
         """What the card shows, as plain text (tests and screen readers)."""
-        return renderable_text(getattr(self, "_shown", ""), width)
+        if self._state is None:
+            return ""
+        return renderable_text(card_renderable(self._state, self.role, self.clock(), self._alerts, width), width)
 
     def on_click(self) -> None:
         self.post_message(self.Selected(self.node))
+
+
+class _CardAt:
+    """The card's renderable, built at whatever width Rich renders it (the card's content width):
+    the bars follow the card instead of wrapping in a narrow one."""
+
+    def __init__(self, card: NodeCard, now: float) -> None:
+        self.card = card
+        self.now = now
+
+    def __rich_console__(self, console, options):
+        card = self.card
+        assert card._state is not None
+        yield card_renderable(card._state, card.role, self.now, card._alerts, options.max_width)
