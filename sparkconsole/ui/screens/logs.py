@@ -17,10 +17,11 @@ that is cancelled when the screen closes, which closes the remote ``docker logs`
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import contextlib
 import re
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Sequence
 from typing import Any
 
 from rich.highlighter import Highlighter
@@ -47,6 +48,8 @@ from sparkconsole.ui.render import thin_scrollbars
 from sparkconsole.ui.screens.live import forward_worker_failure
 
 FollowerFactory = Callable[[], AsyncIterable[FollowEvent]]
+BATCH_S = 0.05  # lines read within this are drawn together
+YIELD_EVERY = 64  # lines read before the reader lets the keys through
 MARKER_PREFIX = "──── mark "
 
 
@@ -257,6 +260,8 @@ class LogScreen(Screen[None]):
         self._panel_scheduled = False
         self._last_report: VllmLogReport | None = None
         self._banner_timer: Any = None
+        self._pending: list[FollowEvent] = []  # read from the stream, not drawn yet
+        self._pending_timer: Any = None
 
     # ---- layout -----------------------------------------------------------------------------
 
@@ -292,32 +297,60 @@ class LogScreen(Screen[None]):
 
     @work(exit_on_error=False, group="log-follow", exclusive=True)
     async def _follow(self) -> None:
+        """Read the stream into a batch; the batch is drawn at most every :data:`BATCH_S` (one write
+        to the view, one status update), and the reader yields to the event loop every
+        :data:`YIELD_EVERY` lines, so a log of thousands of lines a second neither starves the
+        keys nor costs a redraw per line (Toolong's batched lines)."""
         follower = self.follower_factory()
+        count = 0
         try:
             async for event in follower:
-                self.handle_event(event)
+                self._pending.append(event)
+                if self._pending_timer is None:
+                    self._pending_timer = self.set_timer(BATCH_S, self._flush_pending)
+                count += 1
+                if count % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
         finally:
             aclose = getattr(follower, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
 
+    def _flush_pending(self) -> None:
+        self._pending_timer = None
+        batch, self._pending = self._pending, []
+        if batch and self.is_attached:
+            self.handle_events(batch)
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         forward_worker_failure(self, event)
 
     def handle_event(self, event: FollowEvent) -> None:
         """One follower event into the screen (public so a driver can feed it directly)."""
-        if isinstance(event, LogLine):
-            if self.stream_state != "live":
+        self.handle_events([event])
+
+    def handle_events(self, events: Sequence[FollowEvent]) -> None:
+        """Follower events in order: runs of lines are written to the view in one go."""
+        lines: list[LogLine] = []
+        for event in events:
+            if isinstance(event, LogLine):
+                if self.stream_state != "live":
+                    self.stream_state = "live"
+                lines.append(event)
+                continue
+            if lines:
+                self._add_lines(lines)
+                lines = []
+            if isinstance(event, StreamDropped):
+                self.stream_state = "dropped"
+                self.drops += 1
+                self._banner(f"⚠ stream lost — re-attaching in {event.retry_in:g}s ({event.reason})", "-dropped")
+            elif isinstance(event, Reattached):
                 self.stream_state = "live"
-            self._add_line(event.text, event.source, event.timestamp)
-        elif isinstance(event, StreamDropped):
-            self.stream_state = "dropped"
-            self.drops += 1
-            self._banner(f"⚠ stream lost — re-attaching in {event.retry_in:g}s ({event.reason})", "-dropped")
-        elif isinstance(event, Reattached):
-            self.stream_state = "live"
-            self._banner("✓ re-attached — following again", "-back", hide_after=3.0)
+                self._banner("✓ re-attached — following again", "-back", hide_after=3.0)
+        if lines:
+            self._add_lines(lines)
         self._update_status()
 
     def _banner(self, text: str, cls: str, hide_after: float | None = None) -> None:
@@ -341,32 +374,40 @@ class LogScreen(Screen[None]):
             return ""
         return str(banner.render())
 
-    def _add_line(self, text: str, source: str = "", timestamp: str | None = None) -> None:
+    def _add_lines(self, events: Sequence[LogLine]) -> None:
+        shown: list[tuple[str, bool]] = []
+        for event in events:
+            if self.tracker is not None:
+                self.tracker.feed(event.text, source=event.source)
+            line = self.buffer.append(event.text, source=event.source, timestamp=event.timestamp)
+            shown.append((line.display, False))
         if self.tracker is not None:
-            self.tracker.feed(text, source=source)
             self._schedule_panel()
-        line = self.buffer.append(text, source=source, timestamp=timestamp)
-        self._show(line.display, is_marker=False)
+        self._show_many(shown)
 
     def _show(self, display: str, *, is_marker: bool) -> None:
+        self._show_many([(display, is_marker)])
+
+    def _show_many(self, items: Sequence[tuple[str, bool]]) -> None:
+        """Lines just added to the buffer (the last ``len(items)`` of it) into the view."""
         log = self.log_view
-        absolute = self.buffer.dropped + len(self.buffer) - 1
-        if is_marker:
-            self._marker_abs.append(absolute)
-        if (
-            self.filter_on and self._rx is not None and not is_marker
-            and not self._rx.search(display)
-        ):
-            self._prune_view()
-            return
+        first = self.buffer.dropped + len(self.buffer) - len(items)
+        written: list[str] = []
+        for offset, (display, is_marker) in enumerate(items):
+            absolute = first + offset
+            if is_marker:
+                self._marker_abs.append(absolute)
+            if self.filter_on and self._rx is not None and not is_marker and not self._rx.search(display):
+                continue
+            if self._view is not None:
+                self._view.append(absolute)
+            written.append(display or " ")  # Log drops empty lines: keep one line per buffer line
         at_end = self._following
-        if self._view is not None:
-            self._view.append(absolute)
-        # Log drops empty lines: keep one line per buffer line
-        log.write_line(display or " ", scroll_end=at_end)
+        if written:
+            log.write_lines(written[-self.max_lines:], scroll_end=at_end)
         self._prune_view()
-        if not at_end:
-            self.new_lines += 1
+        if written and not at_end:
+            self.new_lines += len(written)
             self._update_badge()
 
     def _prune_view(self) -> None:
