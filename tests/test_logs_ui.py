@@ -379,3 +379,29 @@ async def test_a_new_line_under_a_filter_does_not_rescan_the_buffer() -> None:
         assert scans == []
         assert "(101)" in screen.status_text  # the count kept line by line, markers not counted
         assert screen.query_one("#log", Log).line_count == 102
+
+
+async def test_a_flood_of_lines_is_drawn_in_batches_and_keys_still_answer() -> None:
+    """50,000 lines already waiting (a log at thousands of lines a second): the view is written a
+    batch at a time, not a line at a time, and a key pressed meanwhile is handled before the flood
+    has been read (the reader yields to the event loop)."""
+    fake = FakeFollower()
+    app = _log_app(fake)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen: LogScreen = app.screen  # type: ignore[assignment]
+        log = screen.log_view
+        writes = []
+        original = log.write_lines
+
+        def counting(lines, scroll_end=None):
+            writes.append(len(list(lines)) if not isinstance(lines, list) else len(lines))
+            return original(lines, scroll_end=scroll_end)
+
+        log.write_lines = counting  # type: ignore[method-assign]
+        flood = 50_000
+        fake.lines(f"line {i}" for i in range(flood))
+        await pilot.press("m")  # a marker: the key lands among the lines
+        await until(pilot, lambda: screen.buffer.dropped + len(screen.buffer) == flood + 1, timeout=60)
+        assert len(screen._marker_abs) == 1
+        assert screen._marker_abs[0] < flood  # handled while lines were still coming
+        assert sum(writes) <= screen.max_lines * len(writes) and len(writes) < flood / 100
