@@ -314,19 +314,29 @@ def file_from(path: str, offset: int) -> RemoteCommand:
 # ---- the deployment's commands ------------------------------------------------------------------
 
 HF_HUB_URL = "https://huggingface.co"
+# The Hub as the node's own ``hf`` sees it: ``$HF_ENDPOINT`` when the node sets one (a mirror, a
+# proxy), else huggingface.co. Constant shell text: the node's shell expands it, nothing is
+# interpolated from a user.
+HF_HUB_ON_NODE = f'"${{HF_ENDPOINT:-{HF_HUB_URL}}}"'
 
 
-def hub_reachable(model: str) -> RemoteCommand:
-    url = f"{HF_HUB_URL}/api/models/{validate_model_id(model)}"
-    return command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}\\n", "--max-time", "5", url)
+def _hub_curl(head: RemoteCommand, path: str, summary: str = "") -> RemoteScript:
+    """``curl … "${HF_ENDPOINT:-https://huggingface.co}"'/api/…'``: the curl options and the
+    path quoted as usual, the endpoint left to the node's shell."""
+    return RemoteScript((), summary=summary, text=f"{head.shell()} {HF_HUB_ON_NODE}{shlex.quote(path)}")
 
 
-def hub_tree(model: str, revision: str = "main") -> RemoteCommand:
+def hub_reachable(model: str) -> RemoteScript:
+    path = f"/api/models/{validate_model_id(model)}"
+    return _hub_curl(command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}\\n", "--max-time", "5"), path)
+
+
+def hub_tree(model: str, revision: str = "main") -> RemoteScript:
     """The Hub's file list for ``model`` (sizes, and sha256 as ``lfs.oid`` for large files)."""
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", revision):
         raise ValidationError(f"not a revision: {revision!r}")
-    url = f"{HF_HUB_URL}/api/models/{validate_model_id(model)}/tree/{revision}?recursive=true"
-    return command("curl", "-sS", "--max-time", "20", url)
+    path = f"/api/models/{validate_model_id(model)}/tree/{revision}?recursive=true"
+    return _hub_curl(command("curl", "-sS", "--max-time", "20"), path)
 
 
 def hf_download(model: str) -> RemoteCommand:

@@ -51,6 +51,9 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--image", help="the engine image to use (else the wizard checks what is there)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (default: the plan's recommendation)")
     p.add_argument("--max-model-len", type=int, metavar="L")
+    p.add_argument("--gpu-memory-utilization", type=float, metavar="G", dest="gmu",
+                   help="the share of each node's memory the engine may take (default: what the plan finds free, "
+                   "at most 0.85); the free-memory step frees what this needs")
     p.add_argument("--plan-only", action="store_true",
                    help="read the nodes, decide with the recommendations, print every step's commands; change nothing")
     p.add_argument("--auto", action="store_true", help="take every recommended answer and run without asking")
@@ -160,6 +163,8 @@ def _check(args: argparse.Namespace) -> None:
         validate_image(args.image)
     if args.tp is not None and not 1 <= args.tp <= 64:
         raise UserError("--tp must be between 1 and 64")
+    if getattr(args, "gmu", None) is not None and not 0.05 <= args.gmu <= 0.95:
+        raise UserError("--gpu-memory-utilization must be between 0.05 and 0.95")
     if args.max_model_len is not None and args.max_model_len < 256:
         raise UserError("--max-model-len must be at least 256")
     if not 1 <= args.nodes <= 64:
@@ -213,6 +218,8 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
                 print(f"note: deployment {earlier.id} ({earlier.result or 'unfinished'}) of this model exists on "
                       f"this cluster: `--resume {earlier.id}` continues it, `--teardown {earlier.id}` removes it")
             state = DeploymentState.new(options.model, options.to_json(), config.name)
+            if getattr(args, "gmu", None) is not None:
+                state.facts["gmu_override"] = args.gmu  # the plan takes it as given
         if not args.json and speed != 1.0:
             print(f"simulated cluster: its time runs x{speed:g} faster than the wall clock (waits and rates follow)")
         transports = {n.name: make_transport(n, local=config.local) for n in config.nodes}

@@ -834,6 +834,7 @@ DOCKER_OPTS = ["--network", "host", "--ipc", "host", "--gpus", "all", "--device"
 
 class Cluster(Step):
     id, title = "cluster", "Ray head and workers, every GPU seen"
+    _cpus = 0.0  # what the last `ray status` read counted
 
     async def decide(self) -> None:
         if self.f.engine == "sglang":
@@ -855,9 +856,26 @@ class Cluster(Step):
         else:
             args = ["start", "--block", f"--address={f.ip(f.head)}:{RAY_PORT}", f"--node-ip-address={ip}"]
         hf = f.fact(n).hf_dir
-        return docker_run(f.container("ray"), f.image, options=DOCKER_OPTS, entrypoint="ray", args=args,
+        return docker_run(f.container("ray"), f.image, options=self._options(n), entrypoint="ray", args=args,
                           env=f.env(n), mounts=[(hf, "/root/.cache/huggingface")],
                           summary=f"start the Ray {'head' if n == f.head else 'worker'} on {n}")
+
+    def _options(self, n: str) -> list[str]:
+        """DOCKER_OPTS as far as the node's hardware goes: the GPU only where recon read one, the
+        RDMA devices and unlimited locked memory (for RDMA) only where it read an RDMA device. A
+        node without them (a CPU-only host, the test lab) starts the same container without."""
+        x = self.f.fact(n)
+        drop = set()
+        if not x.gpu:
+            drop.add(("--gpus", "all"))
+        if not any(lk.rdma for lk in x.links):
+            drop |= {("--device", "/dev/infiniband"), ("--ulimit", "memlock=-1")}
+        pairs = [(DOCKER_OPTS[i], DOCKER_OPTS[i + 1]) for i in range(0, len(DOCKER_OPTS), 2)]
+        return [a for pair in pairs if pair not in drop for a in pair]
+
+    def _gpus_wanted(self) -> int:
+        """One GPU per node when every node has one; 0 when recon read none (Ray on CPUs only)."""
+        return len(self.f.nodes) if all(self.f.fact(n).gpu for n in self.f.nodes) else 0
 
     def plan(self) -> list[tuple[str, RemoteCommand]]:
         if self.f.executor != "ray":
@@ -868,6 +886,7 @@ class Cluster(Step):
         res = await self.r.read(self.f.head, docker_exec(self.f.container("ray"), ["ray", "status"]), timeout=60,
                                 quiet=True)
         st = parse_ray_status(res.stdout) if res.ok else None
+        self._cpus = (st.cpus_total or 0.0) if st else 0.0
         return (st.active_nodes or 0, st.gpus_total or 0.0) if st else (0, 0.0)
 
     async def probe(self) -> str | None:
@@ -877,7 +896,7 @@ class Cluster(Step):
             return "the model is already served"
         if self.f.get("executor") == "ray" and any("-ray-" in s.name for s in self.r.state.started):
             nodes, gpus = await self._status()
-            if nodes >= len(self.f.nodes) and gpus >= len(self.f.nodes):
+            if nodes >= len(self.f.nodes) and gpus >= self._gpus_wanted():
                 return f"Ray is up: {nodes} nodes, {gpus:g} GPUs"
         return None
 
@@ -911,13 +930,16 @@ class Cluster(Step):
         if self.f.executor != "ray":
             return
         want = len(self.f.nodes)
+        want_gpus = self._gpus_wanted()
+        if not want_gpus:
+            self.r.note("no GPU read on the nodes: Ray runs on their CPUs only (nothing can serve)", "warning")
         deadline = time.monotonic() + self.r.settings.ray_join_timeout_s / self.r.settings.speed
         nodes, gpus = 0, 0.0
         while time.monotonic() < deadline:
             nodes, gpus = await self._status()
             self.r.progress(self.f.head, "ray", min(1.0, nodes / want), f"{nodes}/{want} nodes, {gpus:g} GPUs")
-            if nodes >= want and gpus >= want:
-                self.r.note(f"ray status: {nodes} nodes, {gpus:g} GPUs")
+            if nodes >= want and gpus >= want_gpus:
+                self.r.note(f"ray status: {nodes} nodes, {gpus:g} GPUs, {self._cpus:g} CPUs")
                 return
             await asyncio.sleep(self.r.settings.poll_s)
         raise StepFailed(f"Ray shows {nodes}/{want} nodes and {gpus:g} GPUs",

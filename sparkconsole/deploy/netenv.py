@@ -31,6 +31,12 @@ def check_links(facts: list[NodeFacts]) -> list[Problem]:
     ports = {}
     for f in facts:
         up = f.up_links()
+        set_down = [lk.netdev for lk in f.links if lk.admin_down and lk.netdev]
+        if not up and set_down:
+            out.append(Problem(f.node, f"no ConnectX-7 port is Up: {', '.join(set_down)} is set down on {f.node}",
+                               f"on {f.node}: `sudo ip link set dev {set_down[0]} up` (and check `ip -br link` shows "
+                               "it UP on every node)", "link-down"))
+            continue
         if not up:
             downs = ", ".join(f"{lk.netdev or lk.rdma}" for lk in f.links if lk.netdev) or "no ConnectX-7 port"
             out.append(Problem(f.node, f"no ConnectX-7 port is Up ({downs} Down)",
@@ -60,11 +66,18 @@ def check_links(facts: list[NodeFacts]) -> list[Problem]:
         desc = ", ".join(f"{n} {ips[n]} ({net})" for n, net in nets.items())
         out.append(Problem("", f"the fast-link addresses are not on one subnet: {desc}",
                            "address the same twin of every node in one /24 (e.g. 192.168.200.0/24)", "subnet"))
-    mtus = {f.node: (f.fast_link().mtu if f.fast_link() else None) for f in facts}
+    links = {f.node: f.fast_link() for f in facts}
+    mtus = {n: (lk.mtu if lk else None) for n, lk in links.items()}
     if len({m for m in mtus.values() if m}) > 1:
         desc = ", ".join(f"{n} {m}" for n, m in mtus.items())
+        high = max(m for m in mtus.values() if m)
+        fixes = [f"on {n}: `sudo ip link set dev {lk.netdev} mtu {high}`" for n, lk in links.items()
+                 if lk is not None and lk.netdev and lk.mtu and lk.mtu != high]
         out.append(Problem("", f"the MTU differs between the ends of the fast link ({desc}): NCCL hangs on that",
-                           "set the same MTU on every node's fast-link twins", "mtu"))
+                           "; ".join(fixes) + " (the same MTU on every node's fast-link twins; netplan keeps it "
+                           "across reboots)", "mtu"))
+    # a link set down is the one to fix first: the other end only shows it as a missing carrier
+    out.sort(key=lambda p: 0 if p.kind == "link-down" and "set down" in p.what else 1)
     return out
 
 
@@ -80,10 +93,12 @@ def node_env(f: NodeFacts, head_ip: str) -> list[tuple[str, str]]:
     ip = f.fast_ip()
     if lk is None or ip is None or not lk.netdev:
         return []
-    hcas = [x.rdma for x in f.up_links()]
+    hcas = [x.rdma for x in f.up_links() if x.rdma]
     env = [("VLLM_HOST_IP", ip), ("RAY_NODE_IP_ADDRESS", ip), ("MASTER_ADDR", head_ip),
            ("NCCL_SOCKET_IFNAME", lk.netdev), ("GLOO_SOCKET_IFNAME", lk.netdev), ("TP_SOCKET_IFNAME", lk.netdev),
-           ("UCX_NET_DEVICES", lk.netdev), ("NCCL_IB_HCA", ",".join(hcas)), ("NCCL_IB_DISABLE", "0")]
+           ("UCX_NET_DEVICES", lk.netdev)]
+    # no RDMA device read on the link: NCCL over sockets on that netdev, never a guessed HCA
+    env += [("NCCL_IB_HCA", ",".join(hcas)), ("NCCL_IB_DISABLE", "0")] if hcas else [("NCCL_IB_DISABLE", "1")]
     if lk.gid_v2_index is not None:
         env.append(("NCCL_IB_GID_INDEX", str(lk.gid_v2_index)))
     env += [("RAY_memory_monitor_refresh_ms", "0"), ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]

@@ -86,6 +86,7 @@ class LinkFacts:
     ipv4: list[str] = field(default_factory=list)
     mtu: int | None = None
     gid_v2_index: int | None = None  # the RoCE v2 entry whose address is ::ffff:<ipv4>
+    admin_down: bool = False  # set down on this node (`ip link set … down`), not a missing carrier
 
 
 @dataclass
@@ -299,7 +300,36 @@ def facts_from_output(node: str, stdout: str, now: float | None = None) -> NodeF
     f.hub = bool(hub and hub.rc == 0 and code in ("200", "401", "403"))
     f.hub_detail = code if f.hub else (code or "no answer")
     gid = parse_gids(secs["gids"].text) if "gids" in secs else {}
+    nics = {i.name: i for i in sample.interfaces}
     for lk in sample.links:
         f.links.append(LinkFacts(rdma=lk.rdma_device, netdev=lk.netdev, up=lk.state == "up", port=lk.port,
-                                 ipv4=list(lk.ipv4), mtu=lk.mtu, gid_v2_index=gid.get(lk.rdma_device)))
+                                 ipv4=list(lk.ipv4), mtu=lk.mtu, gid_v2_index=gid.get(lk.rdma_device),
+                                 admin_down=_admin_down(nics.get(lk.netdev or ""))))
+    if not sample.links:
+        f.links = netdev_links(sample.interfaces)
     return f
+
+
+# mlx5 names a ConnectX port's netdev by its PCI path and physical port: enp1s0f1np1, enP2p1s0f1np1
+_CX_NETDEV = re.compile(r"^en[pP]\d+(?:p\d+)?s\d+f\d+np\d+$")
+
+
+def _admin_down(nic: Any) -> bool:
+    """``ip -j addr`` of an interface set down: operstate DOWN and neither LOWER_UP nor NO-CARRIER
+    (the other end of a link set down shows NO-CARRIER / LOWERLAYERDOWN instead)."""
+    return nic is not None and (nic.operstate or "").upper() == "DOWN" and nic.carrier is None
+
+
+def netdev_links(interfaces: Any) -> list[LinkFacts]:
+    """The fast link read from ``ip -j addr`` alone, for a node without RDMA devices (no
+    ``ibdev2netdev``, nothing under /sys/class/infiniband: a driver not loaded, a container, the
+    test lab): every netdev named like a ConnectX port, Up when the kernel says so. The RDMA side
+    stays unknown (``rdma`` empty), so NCCL is told to use sockets on it (netenv)."""
+    out = []
+    for nic in interfaces:
+        if not _CX_NETDEV.match(nic.name):
+            continue
+        up = (nic.operstate or "").upper() == "UP" and nic.carrier is not False
+        out.append(LinkFacts(rdma="", netdev=nic.name, up=up, port=1, ipv4=list(nic.ipv4), mtu=nic.mtu,
+                             admin_down=_admin_down(nic)))
+    return out
