@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.lab.fixtures"]
+pytest_plugins = ["tests.lab.fixtures", "tests.lab.lab_fixtures"]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL = FIXTURES / "real"
@@ -49,8 +49,10 @@ def real():
 # body calls (a fixture that starts a lab only for one of its params says so with that param's
 # marks, which are trusted); a mismatch stops the collection with the list of offenders.
 
-_LAB_FIXTURES = {"sshd": {"sshd"}, "sshd_pair": {"sshd", "netns"}, "docker_lab": {"docker"}}
-_LAB_CALLS = {"LabSshd(": {"sshd"}, "start_jump_pair(": {"sshd", "netns"}, "docker_lab_fixture(": {"docker"}}
+_LAB_FIXTURES = {"sshd": {"sshd"}, "sshd_pair": {"sshd", "netns"}, "docker_lab": {"docker"},
+                 "lab_hosts": {"sshd", "netns", "docker"}, "lab_cli": {"sshd", "netns", "docker"}}
+_LAB_CALLS = {"LabSshd(": {"sshd"}, "start_jump_pair(": {"sshd", "netns"}, "docker_lab_fixture(": {"docker"},
+              "Lab.create(": {"sshd", "netns", "docker"}}
 _LAB_MARKERS = {"sshd", "docker", "netns"}
 
 
