@@ -863,11 +863,48 @@ def hub_main(argv: list[str]) -> int:
     return 0
 
 
+def lab_main(argv: list[str]) -> int:
+    """``scripts/lab up|down|status [--dir DIR]``: the lab for a person."""
+    ap = argparse.ArgumentParser(prog="scripts/lab", description="the two-host lab (tests/lab/hosts.py)")
+    ap.add_argument("action", choices=("up", "down", "status"))
+    ap.add_argument("--dir", default=os.environ.get("SPARKCONSOLE_LAB_DIR", "/tmp/sparkconsole-lab"),
+                    help="where the lab keeps its hosts' files (default %(default)s)")
+    args = ap.parse_args(argv)
+    workdir = Path(args.dir)
+    have = (workdir / "lab.json").exists()
+    if args.action == "up":
+        if have:
+            print(f"a lab is already up in {workdir} (scripts/lab down first)", file=sys.stderr)
+            return 1
+        t0 = time.monotonic()
+        lab = Lab.create(workdir, tag="lab")
+        print(f"lab up in {time.monotonic() - t0:.1f} s: {lab.a.name} {lab.a.mgmt_ip} (Hub at {lab.hub_url}), "
+              f"{lab.b.name} {lab.b.mgmt_ip}; fast link {FAST_IF} {lab.a.fast_ip} <-> {lab.b.fast_ip}, MTU {FAST_MTU}; "
+              f"{lab.image} on {lab.a.name}")
+        print("the planner reads the lab model once from the Hub stand-in:")
+        print(f"  HF_ENDPOINT={lab.hub_url} sparkconsole plan {MODEL_ID} --nodes 2")
+        print("then:")
+        for line in lab.commands():
+            print(f"  {line}")
+        print(f"a shell on a host: ssh -i {lab.key} -o UserKnownHostsFile={lab.known_hosts} root@{lab.a.mgmt_ip}")
+        return 0
+    if not have:
+        print(f"no lab in {workdir}", file=sys.stderr)
+        return 0 if args.action == "down" else 1
+    lab = Lab.load(workdir)
+    if args.action == "status":
+        print(json.dumps(lab.status(), indent=2))
+        return 0
+    problems = lab.down()
+    for p in problems + leftovers(lab):
+        print(f"left: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["hub"]:
         sys.exit(hub_main(sys.argv[2:]))
-    print("usage: python -m tests.lab.hosts hub --host IP [--port P] [--log FILE]", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(lab_main(sys.argv[1:]))
 
 
 __all__ = [
