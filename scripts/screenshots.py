@@ -23,6 +23,7 @@ from sparkconsole.probe import poller  # noqa: E402
 from tests.ui_support import (  # noqa: E402
     confirm_restart,
     demo_app,
+    dense_view,
     help_screen,
     link_down,
     node_detail,
@@ -37,8 +38,10 @@ OUT = ROOT / "screenshots"
 SIZE = (160, 48)
 
 
+NODES = {"dense-view": 12}  # shots of a bigger cluster than the demo's two Sparks
 SHOTS: list[tuple[str, str, Callable[..., Awaitable[None]]]] = [
     ("overview", "story", overview),
+    ("dense-view", "story", dense_view),
     ("node-detail", "story", node_detail),
     ("help", "story", help_screen),
     ("node-down", "node-lost", node_down),
@@ -52,7 +55,7 @@ SHOTS: list[tuple[str, str, Callable[..., Awaitable[None]]]] = [
 
 
 async def shoot(name: str, scenario: str, steps, tmp: Path) -> Path:
-    app = demo_app(tmp, scenario)
+    app = demo_app(tmp, scenario, nodes=NODES.get(name, 2))
     async with app.run_test(size=SIZE) as pilot:
         await steps(pilot, app)
         app.save_screenshot(filename=f"{name}.svg", path=str(OUT))

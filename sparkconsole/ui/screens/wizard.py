@@ -411,6 +411,12 @@ class WizardScreen(LiveScreen):
         for name, panel in self._panels.items():
             panel.show(app.node_state(name))
 
+    def draw_node(self, name: str) -> None:
+        """One node's poll ended: its panel only."""
+        panel = self._panels.get(name)
+        if panel is not None:
+            panel.show(self.sc.node_state(name))
+
     @property
     def read_only(self) -> bool:
         return bool(self.sc.config.read_only)

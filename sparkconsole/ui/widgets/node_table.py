@@ -159,7 +159,7 @@ def header_text(name_width: int, bar_width: int, sort: str, reverse: bool) -> Te
         return _cell(Text(mark, style="bold underline" if key == sort else "bold"), width, justify)
 
     text = Text(no_wrap=True)
-    text.append_text(h("#", "node", FIXED["index"], "right"))
+    text.append_text(h("#", None, FIXED["index"], "right"))
     text.append(" ")
     text.append_text(h("node", "node", name_width + 2))
     text.append(" ")
