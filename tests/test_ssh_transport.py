@@ -384,3 +384,24 @@ async def test_user_known_hosts_none_does_not_turn_checking_off(
         await t.connect()
     await t.close()
     assert sshd.accepted_logins() == 0
+
+
+@pytest.mark.netns
+@pytest.mark.sshd
+async def test_a_jump_that_names_another_node_of_the_inventory(sshd_pair: JumpPair) -> None:
+    """``jump = "gateway"`` where gateway is a node of the inventory (not a host name, not an ssh
+    alias): the worker is reached through that node's host, port, user, key and known_hosts."""
+    from sparkconsole.config import ClusterConfig
+    from sparkconsole.transport import node_transport
+
+    jump, target = sshd_pair.jump, sshd_pair.target
+    gateway = jump.node_config("gateway", ssh_config=None)
+    worker = target.node_config("worker", jump="gateway")
+    config = ClusterConfig(nodes=(gateway, worker), name="lab")
+    t = node_transport(config, worker, connect_timeout=5)
+    try:
+        r = await t.run("echo $SSH_CONNECTION")
+        assert r.ok and r.stdout.split()[2:] == ["127.0.0.1", str(target.port)]
+    finally:
+        await t.close()
+    assert jump.accepted_logins() == 1 and target.accepted_logins() == 1

@@ -199,7 +199,7 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
     from sparkconsole.deploy.session import run_flow, run_teardown
     from sparkconsole.deploy.state import DeploymentState, StateStore
     from sparkconsole.journal import Journal
-    from sparkconsole.transport import make_transport
+    from sparkconsole.transport import node_transport
 
     store = StateStore()
     if args.resume is not None or args.teardown is not None:
@@ -222,7 +222,7 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
                 state.facts["gmu_override"] = args.gmu  # the plan takes it as given
         if not args.json and speed != 1.0:
             print(f"simulated cluster: its time runs x{speed:g} faster than the wall clock (waits and rates follow)")
-        transports = {n.name: make_transport(n, local=config.local) for n in config.nodes}
+        transports = {n.name: node_transport(config, n) for n in config.nodes}
         settings = Settings(poll_s=0.5 if speed > 1 else 2.0, speed=speed)
         confirm = _confirm(args, printer)
         runner = Runner(config=config, state=state, transports=transports,

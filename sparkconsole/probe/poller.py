@@ -254,9 +254,9 @@ class ClusterPoller:
         transport_factory: Callable[[NodeConfig], Transport] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        from sparkconsole.transport import make_transport
+        from sparkconsole.transport import node_transport
 
-        factory = transport_factory or (lambda node: make_transport(node, local=config.local))
+        factory = transport_factory or (lambda node: node_transport(config, node))
         self.config = config
         self.interval = interval
         self.pollers = {

@@ -633,13 +633,13 @@ class WizardScreen(LiveScreen):
         from sparkconsole.deploy.runner import Runner
         from sparkconsole.deploy.session import run_flow, run_teardown
         from sparkconsole.deploy.state import StateStore
-        from sparkconsole.transport import make_transport
+        from sparkconsole.transport import node_transport
 
         app: Any = self.app
         config = app.config
         assert self.state is not None
         self.post_message(WizardRunState(True))
-        factory = app.transport_factory or (lambda n: make_transport(n, local=config.local))
+        factory = app.transport_factory or (lambda n: node_transport(config, n))
         # its own connections: a command of the deployment may take an hour, and the poller's watchdog
         # closes and reopens its transport when a probe hangs
         transports = {n.name: factory(n) for n in config.nodes}
