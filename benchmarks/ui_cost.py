@@ -86,7 +86,7 @@ def start_demo(n: int, work: Path) -> tuple[subprocess.Popen, Path]:
 
 def stop(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGTERM)  # what stops demo --serve (SIGINT may be ignored in a background job)
     try:
         proc.wait(20)
     except subprocess.TimeoutExpired:
@@ -164,7 +164,7 @@ def measure(n: int, seconds: float, keys: int, work: Path, sshd: LabSshd) -> dic
         _wait(lambda: "polling every 1 s" in _pane(), 60, "the console")
         proc = console_process()
         time.sleep(WARMUP_S)
-        view = "table" if " # node " in _pane() else "cards"
+        view = "table" if "running  alerts" in _pane() else "cards"
         cpu, start, end = cpu_over(proc, seconds)
         _tmux("send-keys", "-t", SESSION, "v")  # the other view, measured the same way
         time.sleep(3.0)
