@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkconsole.errors import UserError, ValidationError
+from sparkconsole.planner.quant import QuantFormat, parse_format
 from sparkconsole.remote import validate_model_id
 
 SPECS_DIR = Path(__file__).with_name("specs")
@@ -144,6 +145,14 @@ class Quant:
     group_size: int | None = None
     keep_bf16: frozenset[str] = frozenset()   # canonical module names (see canonical_name)
     synthesized: bool = False
+    fmt: QuantFormat | None = None     # every other format, per module (planner/quant.py)
+
+    @property
+    def label(self) -> str:
+        """What the plan's reasons call this format."""
+        if self.fmt is not None:
+            return f"{self.fmt.method} {self.fmt.label}"
+        return self.method.upper()
 
 
 @dataclass(frozen=True)
@@ -312,12 +321,13 @@ def _quant(q: Mapping[str, Any] | None, where: str) -> Quant | None:
         if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep):
             raise r.bad("'modules_to_not_convert' must be a list of names")
         return Quant("fp8", blk, keep_bf16=frozenset(canonical_name(k) for k in keep))
-    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto-round", "autoround"):
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto-round", "autoround", "auto_round"):
         bits = r.int("bits", "w_bit", default=4, maximum=16)
         group = r.int("group_size", "q_group_size", default=128, minimum=-1, maximum=1 << 20)
-        return Quant("gptq" if "gptq" in method else "awq", None, bits=bits,
-                     group_size=group if group > 0 else None)
-    return Quant(method or "unknown", None)
+        return Quant("awq" if "awq" in method else "gptq", None, bits=bits,
+                     group_size=group if group > 0 else None, fmt=parse_format(q, where))
+    fmt = parse_format(q, where)
+    return Quant(method or "unknown", None, fmt=fmt)
 
 
 def geometry_from_config(config: Any, where: str = "config.json") -> Geometry:
@@ -565,7 +575,9 @@ def spec_from_config(config: Any, model: str, source: str, checkpoint: Checkpoin
                      notes: tuple[str, ...] = (), where: str = "config.json") -> ModelSpec:
     geo = geometry_from_config(config, where)
     extra: list[str] = list(notes)
-    if geo.quant is not None and geo.quant.method not in ("fp8", "gptq", "awq"):
+    if geo.quant is not None and geo.quant.fmt is not None:
+        extra += list(geo.quant.fmt.notes)
+    if geo.quant is not None and geo.quant.fmt is None and geo.quant.method not in ("fp8", "gptq", "awq"):
         extra.append(f"quantization {geo.quant.method!r} is not modelled: weights counted at "
                      f"{geo.dtype} (an upper bound)")
     return ModelSpec(model=model, source=source, geometry=geo, checkpoint=checkpoint or CheckpointInfo(),
@@ -702,6 +714,18 @@ def load_hub(repo_id: str, offline: bool = False) -> ModelSpec:
 # ---------------------------------------------------------------------------------------------
 
 
+def _with_hf_quant(config: Any, folder: Path) -> Any:
+    """ModelOpt checkpoints may keep their scheme in ``hf_quant_config.json`` beside config.json
+    (vLLM reads it there too): merged in when config.json has no quantization_config."""
+    hq = folder / "hf_quant_config.json"
+    if not isinstance(config, dict) or "quantization_config" in config or not hq.is_file():
+        return config
+    doc = _read_json(hq, "hf_quant_config.json")
+    if isinstance(doc, Mapping) and isinstance(doc.get("quantization"), Mapping):
+        config = dict(config, quantization_config={"quant_method": "modelopt", **doc["quantization"]})
+    return config
+
+
 def load_spec(model: str, offline: bool = False) -> ModelSpec:
     """Resolve MODEL: a config.json path, a model directory, a bundled id, or a Hub repo id."""
     if not isinstance(model, str) or not model.strip():
@@ -710,7 +734,7 @@ def load_spec(model: str, offline: bool = False) -> ModelSpec:
         raise ValidationError(f"not a model id or path: {model[:60]!r}")
     p = Path(model).expanduser()
     if p.is_file():
-        config = _read_json(p, "config")
+        config = _with_hf_quant(_read_json(p, "config"), p.parent)
         ck = None
         idx = p.with_name("model.safetensors.index.json")
         if p.name == "config.json" and idx.is_file():
@@ -723,7 +747,8 @@ def load_spec(model: str, offline: bool = False) -> ModelSpec:
         idx = p / "model.safetensors.index.json"
         ck = _index_info(idx) if idx.is_file() else None
         source = "local directory" + (" + safetensors index" if ck else "")
-        return spec_from_config(_read_json(cfg, "config"), str(p), source, checkpoint=ck, where=str(cfg))
+        return spec_from_config(_with_hf_quant(_read_json(cfg, "config"), p), str(p), source, checkpoint=ck,
+                                where=str(cfg))
     if model.startswith(("/", "./", "~")) or model.endswith(".json"):
         raise UserError(f"{model}: no such file or directory")
     validate_model_id(model)

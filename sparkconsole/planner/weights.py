@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sparkconsole.planner.spec import QWEN_FP8_KEEP_BF16, Geometry, ModelSpec, Quant
 
@@ -57,7 +59,7 @@ class Part:
     rows: int
     cols: int
     count: int = 1
-    kind: str = "linear"  # linear | embed | norm | param | router
+    kind: str = "linear"  # linear | embed | norm | param | router | conv | buffer
     shard: str = "col"    # col | row | heads | rep | vocab | kv
     dtype_bytes: int | None = None   # forced dtype (e.g. fp32 correction bias)
 
@@ -190,7 +192,7 @@ def _linear_attn_parts(geo: Geometry, p: str, mod: str) -> list[Part]:
             Part(a + "in_proj_ba", mod, 2 * la.v_heads, h),
         ]
     parts += [
-        Part(a + "conv1d", mod, la.conv_dim, la.conv_kernel),
+        Part(a + "conv1d", mod, la.conv_dim, la.conv_kernel, kind="conv"),
         Part(a + "out_proj", mod, h, vd, shard="row"),
         Part(a + "A_log", mod, la.v_heads, 1, kind="param", shard="heads"),
         Part(a + "dt_bias", mod, la.v_heads, 1, kind="param", shard="heads"),
@@ -206,7 +208,7 @@ def _mamba_parts(geo: Geometry, p: str, mod: str) -> list[Part]:
     a = p + "mixer."
     return [
         Part(a + "in_proj", mod, 2 * m.d_inner + 2 * m.n_groups * m.d_state + m.n_heads, h),
-        Part(a + "conv1d", mod, m.conv_dim, m.conv_kernel + 1),  # weight + bias
+        Part(a + "conv1d", mod, m.conv_dim, m.conv_kernel + 1, kind="conv"),  # weight + bias
         Part(a + "out_proj", mod, h, m.d_inner, shard="row"),
         Part(a + "A_log", mod, m.n_heads, 3, kind="param", shard="heads"),  # A_log, D, dt_bias
         Part(a + "norm", mod, m.d_inner, 1, kind="norm", shard="heads"),
@@ -299,11 +301,42 @@ def _kept(name: str, keep: frozenset[str]) -> bool:
     return any(f".{k}." in padded for k in keep)
 
 
+def checkpoint_names(part: Part, geo: Geometry) -> tuple[str, ...]:
+    """The names a quantisation config may use for ``part``: its full checkpoint name, and for a
+    vLLM-fused linear the names of its shards (``gate_up_proj`` -> ``gate_proj``, ``up_proj``;
+    fused experts -> the ``experts`` module and expert 0's projections)."""
+    n = part.name
+    if n.startswith("visual."):
+        full = ("model." + n) if geo.lm_prefix == "model.language_model." else n
+    elif n.startswith(("mtp.", "lm_head")):
+        full = n
+    else:
+        full = geo.lm_prefix + n
+    out = [full]
+    head, _, leaf = full.rpartition(".")
+    if head.endswith(".experts"):
+        out.append(head)
+        shards = ("gate_proj", "up_proj") if leaf == "gate_up_proj" else (leaf,)
+        out += [f"{head}.0.{x}" for x in shards] + [f"{head}.{x}" for x in shards]
+    elif leaf == "gate_up_proj":
+        out += [f"{head}.gate_proj", f"{head}.up_proj"]
+    elif leaf == "in_proj_qkvz":
+        out += [f"{head}.in_proj_qkv", f"{head}.in_proj_z"]
+    elif leaf == "in_proj_ba":
+        out += [f"{head}.in_proj_b", f"{head}.in_proj_a"]
+    return tuple(out)
+
+
 def _part_bytes(part: Part, geo: Geometry, quant: Quant | None) -> tuple[float, bool]:
     """Bytes of a part (whole model) and whether it is stored quantised."""
     if part.dtype_bytes is not None:
         return float(part.numel * part.dtype_bytes), False
     base = geo.dtype_bytes
+    if quant is not None and quant.fmt is not None:
+        scheme = quant.fmt.scheme_for(checkpoint_names(part, geo), part.kind, part.module)
+        if scheme is None:
+            return float(part.numel * base), False
+        return part.count * scheme.bytes(part.rows, part.cols), True
     if quant is None or part.kind != "linear" or _kept(part.name, quant.keep_bf16):
         return float(part.numel * base), False
     r, c, n = part.rows, part.cols, part.count
@@ -316,6 +349,37 @@ def _part_bytes(part: Part, geo: Geometry, quant: Quant | None) -> tuple[float, 
         groups = math.ceil(c / g) * r
         return n * (r * c * quant.bits / 8 + groups * (2 + quant.bits / 8)), True
     return float(part.numel * base), False
+
+
+def _rope_config(spec: ModelSpec) -> Mapping[str, Any]:
+    cfg = spec.config if isinstance(spec.config, Mapping) else {}
+    d = cfg.get("text_config") or cfg.get("llm_config") or cfg
+    return d if isinstance(d, Mapping) else {}
+
+
+def rotary_parts(spec: ModelSpec) -> list[Part]:
+    """vLLM's rotary ``cos_sin_cache`` buffer (``rotary_embedding``): ``positions x rotary_dim`` in the
+    model dtype, one per model (``get_rope`` shares it across layers), on every rank. Positions are
+    ``max_position_embeddings``, or ``original_max_position_embeddings x factor`` under YaRN."""
+    geo = spec.geometry
+    d = _rope_config(spec)
+    rs = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    rs = rs if isinstance(rs, Mapping) else {}
+    if geo.mla is not None:
+        rot = geo.mla.qk_rope_head_dim
+    else:
+        prf = d.get("partial_rotary_factor", rs.get("partial_rotary_factor", 1.0))
+        prf = prf if isinstance(prf, int | float) and not isinstance(prf, bool) and 0 < prf <= 1 else 1.0
+        rot = int(geo.head_dim * prf)
+    positions = geo.max_position
+    kind = str(rs.get("rope_type") or rs.get("type") or "")
+    factor, orig = rs.get("factor"), rs.get("original_max_position_embeddings")
+    if kind in ("yarn", "deepseek_yarn") and isinstance(factor, int | float) and isinstance(orig, int) \
+            and not isinstance(factor, bool) and 0 < factor < 1024 and 0 < orig < 1 << 24:
+        positions = int(orig * factor)
+    if rot <= 0 or not geo.n_full:
+        return []
+    return [Part("rotary_emb.cos_sin_cache", "norms", positions, rot, kind="buffer", shard="rep")]
 
 
 def _rank_fraction(part: Part, geo: Geometry, tp: int) -> float:
@@ -355,8 +419,10 @@ def estimate_weights(spec: ModelSpec, tp: int = 1, include_vision: bool = True,
         include_mtp = False
     if include_vision and geo.vision is not None and ck.has_visual is False:
         include_vision = False
-    parts = enumerate_parts(geo, include_vision, include_mtp)
+    rotary = rotary_parts(spec)
+    parts = enumerate_parts(geo, include_vision, include_mtp) + rotary
     est = estimate_parts(parts, geo, tp, geo.quant)
+    rotary_bytes = estimate_parts(rotary, geo, tp, None).per_rank_bytes
     est.notes = notes
     if ck.tensor_bytes:
         tb = ck.tensor_bytes
@@ -367,7 +433,7 @@ def estimate_weights(spec: ModelSpec, tp: int = 1, include_vision: bool = True,
             if (group == "visual" and not include_vision) or (group == "mtp" and not include_mtp):
                 continue
             total += size * (1.0 if shard == "replicated" else kv_frac if shard == "kv" else 1.0 / tp)
-        est.exact_per_rank = total
+        est.exact_per_rank = total + rotary_bytes  # a runtime buffer: in no checkpoint
         est.source = "safetensors headers"
         est.notes.append("weights from the safetensors headers (exact tensor bytes)")
     elif ck.total_size:
@@ -377,7 +443,8 @@ def estimate_weights(spec: ModelSpec, tp: int = 1, include_vision: bool = True,
         if geo.vision is not None and not include_vision and ck.has_visual is not False:
             loaded -= estimate_parts(_vision_parts(geo), geo, 1, geo.quant).total_bytes
         if est.total_bytes > 0 and loaded > 0:
-            est.exact_per_rank = loaded * est.per_rank_bytes / est.total_bytes
+            share = (est.per_rank_bytes - rotary_bytes) / max(1.0, est.total_bytes - rotary_bytes)
+            est.exact_per_rank = loaded * share + rotary_bytes
             est.source = "safetensors index"
             est.notes.append("weights from the safetensors index total_size, less parts vLLM skips")
     return est
