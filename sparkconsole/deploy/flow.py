@@ -35,6 +35,7 @@ from sparkconsole.planner.plan import PlanOptions, compare_tp, layout_row
 from sparkconsole.planner.spec import load_spec
 from sparkconsole.probe.parsers import parse_docker_ps, parse_ray_status
 from sparkconsole.remote import (
+    JobFiles,
     RemoteCommand,
     command,
     container_state,
@@ -575,12 +576,22 @@ class Weights(Step):
         bad_links = [re.sub(r"^.*/snapshots/[0-9a-f]{40}/", "", b) for b in broken.stdout.split("\n") if b.strip()]
         sums = None
         if hashes:
-            files = [f.path for f in hub if f.sha256 and listing.get(f.path) == f.size]
+            # a file whose sha256 matched before (hashed as it landed, or by an earlier verify) and
+            # whose size is still right is not read again (deploy-failures.md §3)
+            known = {p: h for p, h in ((self.f.get("weights_hashed") or {}).get(node) or {}).items()
+                     if any(f.path == p and f.size == listing.get(p) for f in hub)}
+            files = [f.path for f in hub if f.sha256 and listing.get(f.path) == f.size and f.path not in known]
             rev_dir = next((p.split("/")[0] for p in W.parse_sizes(sizes.stdout) if "/" in p), "")
+            sums = dict(known)
             if files and rev_dir:
                 paths = [f"{snap_root}/{rev_dir}/{p}" for p in files]
                 res = await self.r.read(node, command("sha256sum", *paths), timeout=3600)
-                sums = {k.split(f"/{rev_dir}/", 1)[-1]: v for k, v in W.parse_sha256sum(res.stdout).items()}
+                sums.update({k.split(f"/{rev_dir}/", 1)[-1]: v for k, v in W.parse_sha256sum(res.stdout).items()})
+                good = {f.path: f.sha256 for f in hub if f.sha256 and sums.get(f.path) == f.sha256}
+                if good.keys() - known.keys():
+                    hashed = dict(self.f.get("weights_hashed") or {})
+                    hashed[node] = {**known, **good}
+                    self.f.put("weights_hashed", hashed)
         return W.compare(node, hub, listing, bad_links, sums)
 
     async def probe(self) -> str | None:
@@ -607,8 +618,17 @@ class Weights(Step):
         for n in self.f.nodes:
             if n != src:
                 out.append((n, mkdir_p(self.f.model_dir(n))))
-                out.append((src, rsync_dir(self.f.model_dir(src), self.f.user_at(n), self.f.model_dir(n))))
+                out.append((src, self._copy_cmd(src, n, streamed=True)))
         return out
+
+    def _copy_cmd(self, src: str, n: str, streamed: bool) -> RemoteCommand:
+        """The copy to ``n``: beside a running download, each file as soon as it is whole (then a
+        final pass); else one rsync."""
+        f = self.f
+        rsync = rsync_dir(f.model_dir(src), f.user_at(n), f.model_dir(n))
+        if not streamed:
+            return rsync
+        return W.stream_copy(rsync, JobFiles.under(f.job_dir(src), "weights-download").rc)
 
     async def apply(self) -> None:
         f = self.f
@@ -622,42 +642,71 @@ class Weights(Step):
                              "copy the model to one node's HF cache, then --resume")
         ok = dict(f.get("weights_ok") or {})
         v = await self._verify_node(src, hub)
+        download = None
+        self._downloaded = 1.0
         if not v.complete:
-            job = await self.r.start_job(src, "weights-download", hf_download(f.o.model), f.job_dir(src))
-            rc = await self.r.wait_job(job, lambda text: self._download_progress(src, text))
-            if rc != 0:
-                raise StepFailed(f"{src}: hf download ended with exit {rc}",
-                                 "read the job's log; a re-run (--resume) keeps the finished files")
-            v = await self._verify_node(src, hub)
-            if not v.complete:
-                raise StepFailed(f"{src}: the download is incomplete: {v.summary()}", "--resume downloads the rest")
-        ok[src] = True
-        f.put("weights_ok", ok)
-
-        async def copy(n: str) -> None:
-            vv = await self._verify_node(n, hub)
-            if vv.complete:
-                return
+            self._downloaded = 0.0
+            download = await self.r.start_job(src, "weights-download", hf_download(f.o.model), f.job_dir(src))
+        # the copies start now, beside the download: each file goes to the workers as soon as it is
+        # whole, so the copy ends a pass after the download instead of a whole copy after it
+        copies = {}
+        for n in f.nodes:
+            if n == src or (await self._verify_node(n, hub)).complete:
+                continue
             await self.r.change(n, mkdir_p(f.model_dir(n)), key=f"mkdir weights {n}")
-            job = await self.r.start_job(src, f"weights-copy-{n}",
-                                         rsync_dir(f.model_dir(src), f.user_at(n), f.model_dir(n)), f.job_dir(src))
-            rc = await self.r.wait_job(job, lambda text: self._copy_progress(n, text))
-            if rc != 0:
-                raise StepFailed(f"copy to {n} ended with exit {rc}", "--resume continues it (--partial)")
+            copies[n] = await self.r.start_job(src, f"weights-copy-{n}", self._copy_cmd(src, n, download is not None),
+                                               f.job_dir(src))
+        copying = {n: asyncio.ensure_future(self.r.wait_job(job, lambda text, n=n: self._copy_progress(n, text)))
+                   for n, job in copies.items()}
+        hashing = asyncio.ensure_future(self._hash_as_they_land(hub, set(copies), copying))
+        try:
+            if download is not None:
+                rc = await self.r.wait_job(download, lambda text: self._download_progress(src, text))
+                self._downloaded = 1.0
+                if rc != 0:
+                    raise StepFailed(f"{src}: hf download ended with exit {rc}",
+                                     "read the job's log; a re-run (--resume) keeps the finished files")
+                v = await self._verify_node(src, hub)
+                if not v.complete:
+                    raise StepFailed(f"{src}: the download is incomplete: {v.summary()}",
+                                     "--resume downloads the rest")
+            ok[src] = True
+            f.put("weights_ok", ok)
+            for n, task in copying.items():
+                rc = await task
+                if rc != 0:
+                    raise StepFailed(f"copy to {n} ended with exit {rc}", "--resume continues it (--partial)")
+            await hashing
+        finally:
+            for task in (*copying.values(), hashing):
+                task.cancel()  # a failure above: what runs on the nodes goes on (--resume re-attaches)
+            await asyncio.gather(*copying.values(), hashing, return_exceptions=True)
 
-        await asyncio.gather(*(copy(n) for n in f.nodes if n != src))
+    async def _hash_as_they_land(self, hub: list[W.HubFile], nodes: set[str],
+                                 copying: dict[str, asyncio.Future[int]]) -> None:
+        """Read-only, while the copies run: hash on each worker the files that arrived whole, so
+        the final verify only reads the last ones (about a shard instead of the whole model)."""
+        while any(not t.done() for t in copying.values()):
+            await asyncio.wait(list(copying.values()), timeout=max(self.r.settings.poll_s, 0.05) * 5)
+            for n in nodes:
+                if not copying[n].done():
+                    await self._verify_node(n, hub, hashes=True)
 
     def _download_progress(self, node: str, text: str) -> None:
         last = re.split(r"[\r\n]", text.strip())[-1] if text.strip() else ""
         m = re.search(r"(\d+)%\|.*?\|\s*(\d+)/(\d+)", last)
         if m:
-            self.r.progress(node, "download", int(m.group(1)) / 100, last.strip()[-120:])
+            self._downloaded = int(m.group(1)) / 100
+            self.r.progress(node, "download", self._downloaded, last.strip()[-120:])
+
+    _downloaded = 1.0  # while a download runs: its fraction (a copy beside it cannot be further)
 
     def _copy_progress(self, node: str, text: str) -> None:
         for part in reversed(re.split(r"[\r\n]", text.strip())):
             m = re.match(r"\s*([\d,]+)\s+(\d+)%\s+(\S+)\s+(\S+)", part)
             if m:
-                self.r.progress(node, "copy", int(m.group(2)) / 100, part.strip())
+                # a pass beside the download is at 100% of what was downloaded when it started
+                self.r.progress(node, "copy", int(m.group(2)) / 100 * self._downloaded, part.strip())
                 return
 
     async def verify(self) -> None:

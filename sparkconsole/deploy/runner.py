@@ -208,8 +208,12 @@ class Runner:
         saved job is returned and waited on again: nothing runs twice)."""
         if key in self.state.jobs:
             job = self.state.jobs[key]
-            self.note(f"{inner.summary}: re-attached to the job started before (pid {job.pid})", node=node)
-            return job
+            ended = await self._job_ended_badly(job)
+            if ended is None:
+                self.note(f"{inner.summary}: re-attached to the job started before (pid {job.pid})", node=node)
+                return job
+            # it failed or is gone (killed, node rebooted): re-attaching would only read that again
+            self.note(f"{inner.summary}: the job started before {ended}; starting it again", "warning", node=node)
         files = JobFiles.under(job_dir, key)
         res = await self.change(node, detached(job_dir, files, inner))
         pid = _last_int(res.stdout)
@@ -219,6 +223,20 @@ class Runner:
         self.state.jobs[key] = job
         self.save()
         return job
+
+    async def _job_ended_badly(self, job: Job) -> str | None:
+        """How a saved job ended when it did not end well (``"ended with exit 2"``, ``"is gone"``);
+        ``None`` while it runs, when it ended with 0, or when its node does not answer now (then
+        :meth:`wait_job` decides)."""
+        res = await self.read(job.node, job_check(JobFiles(job.log, job.rc), job.pid, tail_bytes=0), quiet=True)
+        if res.exit_status is None:
+            return None
+        word = res.stdout.partition("\n")[0].strip()
+        if word == "lost":
+            return "is gone without an exit code"
+        if word.startswith("rc ") and word != "rc 0":
+            return f"ended with exit {word[3:].strip() or '?'}"
+        return None
 
     async def wait_job(self, job: Job, on_output: Callable[[str], None] | None = None) -> int:
         """Poll the job until it ends; its exit code. A job that neither runs nor left an exit code
