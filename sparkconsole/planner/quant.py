@@ -245,7 +245,9 @@ def _ct_scheme(weights: Mapping[str, Any], fmt: str, group_input: Mapping[str, A
     extra = 4.0 if static_input else 0.0
     if typ == "float" and bits == 4:  # nvfp4-pack-quantized (W4A4 or W4A16)
         g = group or 16
-        return Scheme("nvfp4", 4, group=g, group_scale_bytes=1, tensor_bytes=4 + extra, swizzle=True)
+        # weight_global_scale, plus input_global_scale when activations are quantised (W4A4)
+        return Scheme("nvfp4", 4, group=g, group_scale_bytes=1, tensor_bytes=4 + (4 if group_input else 0),
+                      swizzle=True)
     if typ == "float" and bits == 8:
         if strategy == "block":
             blk = weights.get("block_structure") or [128, 128]
@@ -295,8 +297,8 @@ def _gptq_like(q: Mapping[str, Any], method: str, where: str) -> QuantFormat:
     group = _int(q.get("group_size", q.get("q_group_size")), 128)
     sym = q.get("sym", q.get("symmetric"))
     zero = method == "awq" or q.get("zero_point") is True or sym is False
-    if method == "gptq" and sym is not False:
-        zero = True  # vLLM's GPTQ layers always hold qzeros (packed), even for symmetric checkpoints
+    if method == "gptq" or "gptq" in str(q.get("packing_format") or ""):
+        zero = True  # vLLM's GPTQ(-Marlin) layers always hold packed qzeros, even for symmetric checkpoints
     desc_act = bool(q.get("desc_act"))
     base = int_group(bits, group if group and group > 0 else None, zero=zero, g_idx=method == "gptq" and desc_act)
     if bits >= 16:
