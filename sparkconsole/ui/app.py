@@ -35,7 +35,14 @@ from sparkconsole.probe.state import NodeState, NodeStatus
 from sparkconsole.services import Debouncer, Service, ServiceController
 from sparkconsole.transport.base import Transport
 from sparkconsole.ui.keymap import APP_BINDINGS
-from sparkconsole.ui.messages import ActionFinished, AgesTicked, NodeUpdated
+from sparkconsole.ui.messages import (
+    ActionFinished,
+    AgesTicked,
+    NodeUpdated,
+    OpenLogs,
+    OpenNode,
+    ServiceActionRequested,
+)
 from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.help import HelpScreen
 from sparkconsole.ui.screens.logs import LogScreen
@@ -462,6 +469,15 @@ class SparkConsoleApp(App[int]):
         self.action_refresh_now()
         for screen in self._watching_screens():
             screen.post_message(ActionFinished(node, result.ok, result.message))
+
+    def on_open_node(self, message: OpenNode) -> None:
+        self.open_node_by_name(message.node)
+
+    def on_open_logs(self, message: OpenLogs) -> None:
+        self.open_logs(message.node, message.service)
+
+    def on_service_action_requested(self, message: ServiceActionRequested) -> None:
+        self.run_service_action(message.node, message.service, message.action)
 
     def open_logs(self, node: str, service: Service) -> None:
         assert self.poller is not None

@@ -2,12 +2,17 @@
 each screen decides what that means for what it shows. No screen calls into another, and the
 app never probes a screen for a method.
 
-They do not bubble: a screen that does not handle one simply ignores it.
+The app's news for screens (:class:`NodeUpdated`, :class:`AgesTicked`, :class:`ActionFinished`)
+do not bubble: a screen that does not handle one simply ignores it. A screen's intents
+(:class:`OpenNode`, :class:`OpenLogs`, :class:`ServiceActionRequested`) bubble up to the app,
+which owns the screen stack and the nodes' connections.
 """
 
 from __future__ import annotations
 
 from textual.message import Message
+
+from sparkconsole.services import Service
 
 
 class NodeUpdated(Message, bubble=False):
@@ -30,3 +35,30 @@ class ActionFinished(Message, bubble=False):
         self.node = node
         self.ok = ok
         self.text = text
+
+
+class OpenNode(Message):
+    """Show one node's detail."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+
+class OpenLogs(Message):
+    """Follow one service's log on one node."""
+
+    def __init__(self, node: str, service: Service) -> None:
+        super().__init__()
+        self.node = node
+        self.service = service
+
+
+class ServiceActionRequested(Message):
+    """Stop, start, restart or remove a service: the app shows the command, asks, runs, journals."""
+
+    def __init__(self, node: str, service: Service, action: str) -> None:
+        super().__init__()
+        self.node = node
+        self.service = service
+        self.action = action

@@ -13,7 +13,7 @@ from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState
 from sparkconsole.services import Service, services_from_containers
 from sparkconsole.ui.keymap import DETAIL_BINDINGS
-from sparkconsole.ui.messages import ActionFinished
+from sparkconsole.ui.messages import ActionFinished, OpenLogs, ServiceActionRequested
 from sparkconsole.ui.render import DASH, fmt, gib, thin_scrollbars
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import card_renderable
@@ -191,14 +191,14 @@ class NodeDetailScreen(LiveScreen):
         if svc is None:
             self.notify("no service selected", severity="warning")
             return
-        self.sc.run_service_action(self.node, svc, action)
+        self.post_message(ServiceActionRequested(self.node, svc, action))
 
     def action_logs(self) -> None:
         svc = self.selected_service()
         if svc is None:
             self.notify("no service selected", severity="warning")
             return
-        self.sc.open_logs(self.node, svc)
+        self.post_message(OpenLogs(self.node, svc))
 
     def on_action_finished(self, message: ActionFinished) -> None:
         """A service changed: read the systemd units again (the containers come with the next poll)."""

@@ -20,6 +20,7 @@ from textual.widgets import Footer, Header, Input, Static
 
 from sparkconsole.probe.alerts import Alert
 from sparkconsole.ui.keymap import OVERVIEW_BINDINGS
+from sparkconsole.ui.messages import OpenNode
 from sparkconsole.ui.render import thin_scrollbars
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import MIN_CARD_WIDTH, NodeCard
@@ -181,17 +182,17 @@ class OverviewScreen(LiveScreen):
     # ---- keys ----------------------------------------------------------------------------------
 
     def on_node_card_selected(self, message: NodeCard.Selected) -> None:
-        self.sc.open_node_by_name(message.node)
+        self.post_message(OpenNode(message.node))
 
     def on_node_table_selected(self, message: NodeTable.Selected) -> None:
-        self.sc.open_node_by_name(message.node)
+        self.post_message(OpenNode(message.node))
 
     def action_open_focused(self) -> None:
         focused = self.focused
         if isinstance(focused, NodeCard):
-            self.sc.open_node_by_name(focused.node)
+            self.post_message(OpenNode(focused.node))
         elif isinstance(focused, NodeTable) and focused.highlighted:
-            self.sc.open_node_by_name(focused.highlighted)
+            self.post_message(OpenNode(focused.highlighted))
 
     def action_focus_next_card(self) -> None:
         self.focus_next(NodeCard)

@@ -55,6 +55,7 @@ from sparkconsole.deploy.flow import STEP_IDS, STEPS, Options
 from sparkconsole.deploy.state import DeploymentState
 from sparkconsole.remote import RemoteCommand
 from sparkconsole.ui.keymap import WIZARD_BINDINGS
+from sparkconsole.ui.messages import OpenLogs
 from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_panel import NodePanel
@@ -746,4 +747,4 @@ class WizardScreen(LiveScreen):
             return
         head = self.sc.config.head
         pick = next((s for s in started if head is not None and s.node == head.name), started[0])
-        self.sc.open_logs(pick.node, Service(name=pick.name, kind="container"))
+        self.post_message(OpenLogs(pick.node, Service(name=pick.name, kind="container")))
