@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import sys
@@ -78,6 +79,12 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     g.add_argument("--activation-gib", type=_number, metavar="GIB")
     g.add_argument("--non-torch-gib", type=_number, metavar="GIB")
     g.add_argument("--cuda-graph-gib", type=_number, metavar="GIB")
+    p.add_argument("--vllm-version", metavar="VERSION",
+                   help="the vLLM whose overhead rules to use (default: the newest known; with --from-log, "
+                   "the logged one)")
+    p.add_argument("--from-log", metavar="FILE",
+                   help="calibrate from a vLLM start's log (FILE, or - for stdin): planner vs log side by side, "
+                   "and --max-model-len / --gpu-memory-utilization / --tp re-planned from the measured figures")
     p.add_argument("--force", action="store_true", help="allow --gpu-memory-utilization above 0.90")
     p.add_argument("--offline", action="store_true", help="never contact the Hugging Face Hub")
     p.add_argument("--json", action="store_true", help="print one JSON object (the stable contract)")
@@ -125,7 +132,7 @@ def _options(args: argparse.Namespace, live: LiveMemory | None = None) -> PlanOp
         num_speculative_tokens=args.num_speculative_tokens, language_model_only=args.language_model_only,
         max_num_batched_tokens=args.max_num_batched_tokens, activation_gib=args.activation_gib,
         non_torch_gib=args.non_torch_gib, cuda_graph_gib=args.cuda_graph_gib, force=args.force,
-        node_memory_notes=notes,
+        node_memory_notes=notes, vllm_version=getattr(args, "vllm_version", None),
     )
 
 
@@ -169,8 +176,64 @@ def render_text(r: PlanResult, source: str) -> str:
     return buf.getvalue() + "".join(f"- {x}\n" for x in r.reasons)
 
 
+def _read_log_arg(path: str) -> str:
+    from sparkconsole.errors import UserError
+
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the log ({exc.strerror or exc.__class__.__name__})") from None
+    if "\x00" in text:
+        raise UserError(f"{path}: not a text log")
+    return text
+
+
+def render_calibration(cal) -> str:
+    """Planner against log, then the calibrated and re-planned verdicts."""
+    width = max(len(r[0]) for r in cal.rows())
+    lines = [f"{'':<{width}}  {'planner':<26}  log", *(f"{a:<{width}}  {b:<26}  {c}" for a, b, c in cal.rows())]
+    if cal.reproduced:
+        lines.append("reproduced exactly: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in cal.reproduced.items()))
+    lines += [f"- {x}" for x in cal.notes]
+    lines.append("")
+    lines.append(f"calibrated (the logged start): {cal.calibrated.reasons[0]}")
+    r = cal.replan or cal.calibrated
+    if cal.replan is not None:
+        lines.append(f"re-planned: {r.reasons[0]}")
+    lines.append(render_text(r, "calibrated from the log"))
+    return "\n".join(lines)
+
+
+def _run_from_log(args: argparse.Namespace, spec) -> int:
+    from sparkconsole.planner.calibrate import calibrate, read_log
+
+    logged = read_log(_read_log_arg(args.from_log))
+    change = {"max_model_len": args.max_model_len, "tp": args.tp}
+    if args.gpu_memory_utilization != bud.DEFAULT_GMU:
+        change["gpu_memory_utilization"] = args.gpu_memory_utilization
+    change = {k: v for k, v in change.items() if v is not None}
+    if logged.tp and change.get("tp") == logged.tp and len(change) == 1:
+        change = {}
+    opts = _options(args, None)
+    base = opts if not change.get("tp") else dataclasses.replace(opts, tp=None, nodes=None)
+    cal = calibrate(spec, logged, base, change)
+    final = cal.replan or cal.calibrated
+    if args.json:
+        doc = final.to_json()
+        doc["calibration"] = cal.to_json()
+        print(json.dumps(doc, indent=2))
+    else:
+        sys.stdout.write(render_calibration(cal))
+    return 0 if final.fits else 1
+
+
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.model, offline=args.offline)
+    if getattr(args, "from_log", None):
+        return _run_from_log(args, spec)
     live = asyncio.run(_live_memory(args)) if wants_live_memory(args) else None
     result = plan(spec, _options(args, live))
     if args.json:

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 
 from sparkconsole.errors import UserError
+from sparkconsole.planner import overheads as ov
 
 DEFAULT_NODE_MEMORY_GIB = 121.69     # what vLLM reports as total on a GB10 (DGX OS, recent)
 DEFAULT_GMU = 0.85
@@ -59,13 +60,15 @@ class Overheads:
 
 def estimate_overheads(tp: int, max_num_batched_tokens: int = ACTIVATION_REF_TOKENS,
                        activation_gib: float | None = None, non_torch_gib: float | None = None,
-                       cuda_graph_gib: float | None = None) -> Overheads:
-    """The per-node overheads vLLM subtracts before the KV cache, estimated (see module doc)."""
+                       cuda_graph_gib: float | None = None, vllm_version: str | None = None) -> Overheads:
+    """The per-node overheads vLLM subtracts before the KV cache, estimated by version
+    (planner/overheads.py); CUDA graphs count only where that version subtracts them."""
+    rules = ov.rules_for(vllm_version)
     parts = []
     if activation_gib is None:
-        activation_gib = ACTIVATION_REF_GIB * max_num_batched_tokens / ACTIVATION_REF_TOKENS
-        parts.append(f"activation peak {activation_gib:.2f} GiB (estimate: 4 GiB per 8,192 batched "
-                     f"tokens, here {max_num_batched_tokens:,})")
+        activation_gib = ov.activation_gib(max_num_batched_tokens)
+        parts.append(f"activation peak {activation_gib:.2f} GiB (estimate at {max_num_batched_tokens:,} "
+                     "batched tokens: 4 GiB at 8,192, linear below, square root above)")
     else:
         parts.append(f"activation peak {activation_gib:.2f} GiB (given)")
     if non_torch_gib is None:
@@ -74,12 +77,16 @@ def estimate_overheads(tp: int, max_num_batched_tokens: int = ACTIVATION_REF_TOK
                      + (" + 0.5 GiB NCCL buffers for TP>1)" if tp > 1 else ")"))
     else:
         parts.append(f"non-torch {non_torch_gib:.2f} GiB (given)")
-    if cuda_graph_gib is None:
+    if not rules.graphs_in_budget:
+        cuda_graph_gib = 0.0
+        parts.append("CUDA graphs not in the budget (this version captures them after the KV cache)")
+    elif cuda_graph_gib is None:
         cuda_graph_gib = CUDA_GRAPH_GIB
         parts.append(f"CUDA graphs {cuda_graph_gib:.2f} GiB (estimate)")
     else:
         parts.append(f"CUDA graphs {cuda_graph_gib:.2f} GiB (given)")
-    note = "overheads per node: " + ", ".join(parts) + "; replace with the figures vLLM logs after a first start"
+    note = (f"overheads per node ({rules.note}): " + ", ".join(parts)
+            + "; replace with the figures vLLM logs after a first start (--from-log)")
     return Overheads(activation_gib, non_torch_gib, cuda_graph_gib, note)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from sparkconsole.errors import UserError
 from sparkconsole.planner import budget as bud
 from sparkconsole.planner.kv import Capacity, KVLayout, capacity, kv_layout
+from sparkconsole.planner.overheads import rules_for
 from sparkconsole.planner.spec import ModelSpec
 from sparkconsole.planner.weights import GIB, WeightEstimate, estimate_weights, four_bit_per_rank
 
@@ -64,6 +65,7 @@ class PlanOptions:
     cuda_graph_gib: float | None = None
     force: bool = False
     node_memory_notes: tuple[str, ...] = ()  # where node memory came from (live nodes), in plain words
+    vllm_version: str | None = None   # the overheads' and the KV print's rules (None: the newest known)
 
 
 @dataclass
@@ -243,7 +245,7 @@ def _plan(spec: ModelSpec, o: PlanOptions, weights_bytes: float | None = None,
     layout = kv_layout(geo, tp, o.kv_cache_dtype, o.enable_prefix_caching, spec_tokens, mtp_loaded)
     node_mem = o.node_memory_gib if o.node_memory_gib is not None else bud.DEFAULT_NODE_MEMORY_GIB
     over = bud.estimate_overheads(tp, o.max_num_batched_tokens, o.activation_gib, o.non_torch_gib,
-                                  o.cuda_graph_gib)
+                                  o.cuda_graph_gib, o.vllm_version)
     b = bud.kv_budget(node_mem, o.gpu_memory_utilization, w.per_rank_gib, over, o.kv_cache_gib)
     cap = capacity(layout, int(b.kv_gib * GIB), mml)
     ok = bud.fits(b, cap.num_blocks, cap.blocks_per_request)
@@ -265,13 +267,14 @@ def _reasons(spec: ModelSpec, o: PlanOptions, r: PlanResult) -> list[str]:
     out: list[str] = []
     verdict = "fits" if r.fits else "does not fit"
     where = "one Spark" if r.tp == 1 else f"{r.nodes} Sparks (TP={r.tp}, one rank per node)"
-    out.append(f"{verdict} on {where}")
+    out.append(f"{verdict} on {where} (vLLM {rules_for(o.vllm_version).version}"
+               + (")" if o.vllm_version else ", assumed)"))
     parts = []
     if geo.vision is not None:
         parts.append("LM only" if o.language_model_only else "vision tower included")
     if o.num_speculative_tokens and lay.attn_layers > geo.n_full:
         parts.append(f"{lay.attn_layers - geo.n_full} MTP draft layer(s) included")
-    q = geo.quant.method.upper() if geo.quant else geo.dtype
+    q = geo.quant.label if geo.quant else geo.dtype
     out.append(f"weights: {r.weights_gib_per_node:.2f} GiB per node ({q}; {', '.join(parts) or 'text model'};"
                f" from {r.weights.source}; {r.weights.total_params / 1e9:.1f}B parameters)")
     if not b.given and b.weights_gib + b.overheads.total_gib > b.requested_gib:
@@ -327,7 +330,7 @@ def _ways_out(spec: ModelSpec, o: PlanOptions, r: PlanResult) -> list[str]:
     weights_fit = b.given or b.kv_gib > 0
     if weights_fit:
         longest = min(lay.longest_len(cap.num_blocks), spec.geometry.max_position)
-        if longest >= 1:
+        if 1 <= longest < r.max_model_len:  # never the length that was asked
             ways.append(f"a shorter context: --max-model-len {longest:,} fits one request")
         if lay.kv_dtype != "fp8":
             alt = _try(spec, dataclasses.replace(o, kv_cache_dtype="fp8"))
