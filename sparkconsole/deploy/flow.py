@@ -25,6 +25,7 @@ from typing import Any
 
 from sparkconsole.deploy import engines, freeing, netenv
 from sparkconsole.deploy import weights as W
+from sparkconsole.deploy.calibrate import from_log as serve_calibration
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.recon import NodeFacts, facts_from_output, normalize_image, recon_command
 from sparkconsole.deploy.runner import GoTo, Runner, StepFailed
@@ -1081,6 +1082,7 @@ class Serve(Step):
     async def _follow(self) -> None:
         f = self.f
         tracker = VllmLogTracker()
+        self._seen: list[str] = []
         offset = 0
         last_change = time.monotonic()
         deadline = time.monotonic() + self.r.settings.serve_timeout_s / self.r.settings.speed
@@ -1097,6 +1099,7 @@ class Serve(Step):
                 offset += len(text.encode())
             if text:
                 last_change = time.monotonic()
+                self._seen.append(text)
                 for line in text.splitlines():
                     tracker.feed(line)
                     if line.strip():
@@ -1108,8 +1111,10 @@ class Serve(Step):
             if rep.state == "ready":
                 self.r.note(f"ready: weights {rep.model_load_gib} GiB per node, KV cache {rep.kv_cache_gib} GiB "
                             f"({rep.kv_cache_tokens or '?'} tokens, {rep.max_concurrency or '?'}x concurrency)")
+                self._calibrate()
                 return
             if rep.state == "failed":
+                self._calibrate()
                 await self._failed(rep)
                 return
             idle = (time.monotonic() - last_change) * self.r.settings.speed
@@ -1120,6 +1125,22 @@ class Serve(Step):
                 await self._timeout()
                 return
             await asyncio.sleep(self.r.settings.poll_s)
+
+    def _calibrate(self) -> None:
+        """Plan notes from the start's own figures (deploy/calibrate.py); kept for a re-plan."""
+        try:
+            spec = load_spec(self.f.o.model, offline=True)
+        except Exception:
+            return
+        opts = PlanOptions(tp=int(self.f.get("tp") or 1), max_model_len=self.f.get("max_model_len"),
+                           gpu_memory_utilization=float(self.f.get("gmu") or 0.85), force=True)
+        cal = serve_calibration(spec, "".join(getattr(self, "_seen", [])), opts)
+        if cal is None:
+            return
+        for line in cal.lines:
+            self.r.note(f"calibration: {line}")
+        if cal.longest_len:
+            self.f.put("calibrated_longest_len", cal.longest_len)
 
     async def _failed(self, rep: Any) -> None:
         kind = rep.failure_kind or "other"
@@ -1148,7 +1169,9 @@ class Serve(Step):
         self.r.forget("serve.failure")
         await self._remove_started()
         if answer == "shorter":
-            self.f.put("max_model_len_override", max(4096, int(self.f.get("max_model_len") or 65536) // 2))
+            halved = max(4096, int(self.f.get("max_model_len") or 65536) // 2)
+            measured = self.f.get("calibrated_longest_len")
+            self.f.put("max_model_len_override", int(measured) if measured and measured >= 4096 else halved)
             self.f.put("gmu_override", 0.80)
             raise GoTo("plan", "less context and memory after an out-of-memory start")
         if answer.startswith("back-"):
