@@ -734,3 +734,22 @@ async def test_the_strip_condenses_and_never_wraps_at_64_nodes(tmp_path):
         await pilot.press("enter")
         await until(pilot, lambda: type(app.screen).__name__ == "NodeDetailScreen")
         assert app.screen.node == states[6].name
+
+
+async def test_the_table_sorts_by_the_chosen_column_and_reverses(tmp_path):
+    """s cycles the sort column (node → status → gpu …), S reverses; the order follows the values."""
+    from sparkconsole.ui.widgets.node_table import NodeTable
+
+    app = demo_app(tmp_path, nodes=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot, app, ticks=3)
+        table = app.screen.query_one(NodeTable)
+        await pilot.press("s", "s", "s")  # memory
+        await pilot.pause(0.2)
+        assert table.sort == "memory"
+        used = [table.rows[n].mem_used for n in table.order]
+        assert used == sorted(used, reverse=True) and used[0] > used[-1]  # the head holds GLM
+        await pilot.press("S")
+        await pilot.pause(0.2)
+        assert [table.rows[n].mem_used for n in table.order] == sorted(used)
+        assert "unified memory▲" in table.plain_lines()[0]

@@ -28,7 +28,7 @@ STATUS_STYLE = {"connecting": "yellow", "up": "green", "stale": "dark_orange", "
 STATUS_RANK = {"down": 0, "stale": 1, "connecting": 2, "up": 3}
 SORTS = ("node", "status", "gpu", "memory", "temp", "power", "alerts")
 SPARK_CELLS = 8
-FIXED = {"index": 3, "status": 11, "gpu": 5 + 1 + SPARK_CELLS, "temp": 6, "power": 6, "mem": 12, "link": 15,
+FIXED = {"index": 3, "status": 13, "gpu": 5 + 1 + SPARK_CELLS, "temp": 6, "power": 6, "mem": 12, "link": 15,
          "containers": 8}
 
 
@@ -122,7 +122,11 @@ def row_text(row: NodeRow, name_width: int, bar_width: int, rest: int) -> Text:
     text.append_text(_cell(Text.assemble((f"{glyph} ", style), (row.name, "bold")), name_width + 2))
     text.append(" ")
     age = "" if row.age is None or row.status == "up" else f" {row.age}s"
-    text.append_text(_cell(Text(row.status + age, style=style), FIXED["status"]))
+    status = Text(row.status + age, style=style)
+    if row.alerts:  # the count stays in view when a narrow terminal cuts the alerts column off
+        worst = "bold red" if any(sev == "critical" for sev, _ in row.alerts) else "dark_orange"
+        status.append(f" ⚠{len(row.alerts)}", style=worst)
+    text.append_text(_cell(status, FIXED["status"]))
     gpu = Text(fmt(row.gpu_pct, "%").rjust(5))
     gpu.append(" ")
     gpu.append_text(sparkline(row.gpu_trend, SPARK_CELLS, 0.0, 100.0, "green"))
