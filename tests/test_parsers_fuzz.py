@@ -128,3 +128,164 @@ def test_nothing_in_deep_json():
     deep = "[" * 100_000 + "]" * 100_000  # json's recursion limit
     assert p.parse_ip_addr_json(deep) == ()
     assert p.parse_docker_ps("{" * 50_000) == ()
+
+
+# ---- 10,000 mutated real outputs through every parser of the console and the wizard (issue 14) ------
+
+_FUZZ_N = 10_000
+_FUZZ_SEED = 14
+_JUNK = ["\x00", "\x1b[31m", "\x1b[0m", "\r", "\t", "\ufffd", "é", "💥", "%", "|", ",", ":", "=", "/", "{", "}",
+         "[", "]", '"', "'", "(Up)", "(Down)", "N/A", "[N/A]", "Not Supported", "nan", "inf", "-1", "1e999",
+         "99999999999999999999999", "0x", "MiB", "GiB", "GB/s", "it/s", "s/it", "::sparkdeploy::", "rc", "section",
+         "Traceback (most recent call last):", "ERROR", "WARNING", "INFO", "(RayWorkerWrapper pid=1)", "\\", "$(x)"]
+
+
+def _fuzz_bases() -> list[str]:
+    """Real outputs (every text fixture) and what the demo cluster's tools print for the wizard's
+    own commands (recon, rsync --info=progress2, hf download, the Hub's tree, find, sha256sum)."""
+    import asyncio
+
+    from sparkconsole.deploy.recon import recon_command
+    from sparkconsole.sim import Shell, SimClock, build
+
+    bases = [strip_fixture_header(f.read_text(encoding="utf-8", errors="replace"))
+             for f in sorted(FIXTURES.rglob("*")) if f.is_file() and f.suffix in (".txt", ".log", ".xml", ".json")]
+
+    async def sim_outputs() -> list[str]:
+        clock = SimClock.frozen()
+        sh = Shell(build("story", clock=clock), "spark-1a32")
+        snap = "/root/.cache/huggingface/hub/models--Qwen--Qwen3-Embedding-0.6B"
+        cmds = [recon_command("Qwen/Qwen3.5-122B-A10B-FP8").shell(),
+                f"rsync -a --partial -L --exclude blobs/ --info=progress2 {snap}/ /root/copy/",
+                f"find -L {snap}/snapshots -type f -printf '%s %P\\n'", f"sha256sum {snap}/snapshots/*/*",
+                "hf download Qwen/Qwen3-Embedding-0.6B", "docker ps -a --format '{{json .}}'", "ray status"]
+        out = []
+        for c in cmds:
+            task = asyncio.ensure_future(sh.capture(c))
+            while not task.done():
+                clock.advance(5.0)
+                await asyncio.sleep(0)
+            o, e, _rc = task.result()
+            out.append(o + e)
+        return out
+
+    return bases + [t for t in asyncio.run(sim_outputs()) if t.strip()]
+
+
+def _mutate(rng, bases: list[str]) -> str:
+    lines = rng.choice(bases).splitlines()
+    if lines:
+        a = rng.randrange(len(lines))
+        lines = lines[a:a + rng.randint(1, 60)]
+    if rng.random() < 0.3:  # lines of another output spliced in
+        other = rng.choice(bases).splitlines()
+        if other:
+            at = rng.randint(0, len(lines))
+            lines[at:at] = other[:rng.randint(1, 8)]
+    for _ in range(rng.randint(0, 8)):
+        if not lines:
+            lines.append("")
+        i = rng.randrange(len(lines))
+        ln = lines[i]
+        op = rng.randrange(8)
+        if op == 0:
+            lines[i] = ln[:rng.randint(0, len(ln))]  # cut
+        elif op == 1:
+            at = rng.randint(0, len(ln))
+            lines[i] = ln[:at] + rng.choice(_JUNK) + ln[at:]
+        elif op == 2:
+            lines.insert(i, ln)  # repeated
+        elif op == 3:
+            lines[i] = "".join(rng.choice("0123456789") if c.isdigit() and rng.random() < 0.5 else c for c in ln)
+        elif op == 4:
+            lines[i] = ln.replace(" ", rng.choice(["", "  ", "\t", ",", "|"]))
+        elif op == 5:
+            del lines[i]
+        elif op == 6:
+            lines[i] = ln.encode()[: rng.randint(0, len(ln.encode()))].decode("utf-8", errors="replace")
+        else:
+            lines[i] = "".join(chr(rng.randrange(0, 0x3000)) for _ in range(rng.randint(1, 30)))
+    sep = rng.choice(["\n", "\n", "\n", "\r\n", "\r"])
+    return sep.join(lines)
+
+
+class _Progress:
+    """Stands in for the runner: the progress lines the Weights step reads from a job's log."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def progress(self, *args) -> None:
+        self.events.append(args)
+
+
+def _every_parser():
+    from sparkconsole.deploy import engines, netenv, recon
+    from sparkconsole.deploy import weights as W
+    from sparkconsole.deploy.flow import Weights
+    from sparkconsole.logs import follow
+    from sparkconsole.logs.vllm import VllmLogTracker, parse_vllm_log
+    from sparkconsole.planner.overheads import parse_version
+    from sparkconsole.services import parse_systemctl_show
+
+    step = Weights.__new__(Weights)
+    runner = _Progress()
+    step.f = type("F", (), {"r": runner})()
+
+    def tracker(text: str) -> None:
+        t = VllmLogTracker()
+        for ln in text.splitlines():
+            t.feed(ln, source="w")
+        assert t.report is not None
+
+    def recon_facts(text: str) -> None:
+        f = recon.facts_from_output("n", text, now=1.0)
+        f2 = recon.NodeFacts.from_json(json.loads(json.dumps(f.to_json())))
+        netenv.check_links([f, f2])
+        ip = f.fast_ip() or "192.168.200.12"
+        netenv.node_env(f, ip) if f.fast_ip() else None
+
+    out = [(fn.__name__, fn) for fn in TEXT_PARSERS]
+    out += [
+        ("parse_nvidia_smi_csv+query", lambda t: p.processes_from_query(p.parse_nvidia_smi_csv(t),
+                                                                          p.gpus_from_query(p.parse_nvidia_smi_csv(t)))),
+        ("parse_vllm_log", parse_vllm_log), ("VllmLogTracker", tracker),
+        ("recon.facts_from_output+netenv", recon_facts), ("recon.parse_gids", recon.parse_gids),
+        ("recon.parse_images", recon.parse_images), ("recon.parse_ss", recon.parse_ss),
+        ("recon.parse_cgroups", recon.parse_cgroups),
+        ("engines.parse_engine_output", lambda t: engines.parse_engine_output("img", t, 0)),
+        ("weights.parse_tree", W.parse_tree), ("weights.parse_sizes", W.parse_sizes),
+        ("weights.parse_sha256sum", W.parse_sha256sum),
+        ("Weights._copy_progress (rsync progress2)", lambda t: step._copy_progress("n", t)),
+        ("Weights._download_progress (hf tqdm)", lambda t: step._download_progress("n", t)),
+        ("services.parse_systemctl_show", lambda t: parse_systemctl_show(t, ["ollama", "x"])),
+        ("follow.split_timestamp", lambda t: [follow.timestamp_key(follow.split_timestamp(ln)[0] or "")
+                                               for ln in t.splitlines()]),
+        ("planner.parse_version", parse_version),
+    ]
+    return out
+
+
+def test_ten_thousand_mutated_outputs_through_every_parser_crash_none():
+    import random
+    import time
+
+    rng = random.Random(_FUZZ_SEED)
+    bases = _fuzz_bases()
+    parsers = _every_parser()
+    crashes: list[str] = []
+    start = time.monotonic()
+    for k in range(_FUZZ_N):
+        text = _mutate(rng, bases)
+        for name, fn in parsers:
+            try:
+                fn(text)
+            except Exception as exc:  # a crash: keep the first few to show
+                if len(crashes) < 5:
+                    crashes.append(f"#{k} {name}: {exc.__class__.__name__}: {exc} on {text[:200]!r}")
+                else:
+                    crashes.append(name)
+    took = time.monotonic() - start
+    print(f"\nfuzz: {_FUZZ_N} mutated outputs ({len(bases)} real bases) x {len(parsers)} parsers = "
+          f"{_FUZZ_N * len(parsers)} calls in {took:.1f} s, {len(crashes)} crashes")
+    assert not crashes, crashes[:5]
