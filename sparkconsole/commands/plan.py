@@ -16,6 +16,7 @@ import sys
 from sparkconsole.cli import add_cluster_args
 from sparkconsole.planner import budget as bud
 from sparkconsole.planner.live import LiveMemory, probe_node_memory
+from sparkconsole.planner.overheads import rules_for
 from sparkconsole.planner.plan import PlanOptions, PlanResult, plan
 from sparkconsole.planner.spec import load_spec
 
@@ -152,7 +153,9 @@ def render_text(r: PlanResult, source: str) -> str:
         ("KV-cache groups", f"{lay.num_groups} x {lay.group_size} layers"),
         ("blocks", f"{cap.num_blocks:,} ({cap.blocks_per_request:,} per request)"),
         ("max concurrency", f"{cap.max_concurrency:.2f}x"),
-        ("KV cache size", f"{cap.kv_cache_tokens:,} tokens"),
+        ("KV cache size", f"{cap.kv_cache_tokens:,} tokens" + (
+            "" if r.kv_cache_tokens_printed == cap.kv_cache_tokens else
+            f" (vLLM {rules_for(r.vllm_version).version} prints {r.kv_cache_tokens_printed:,})")),
         ("verdict", "FITS" if r.fits else "DOES NOT FIT"),
     ]
     try:

@@ -82,6 +82,13 @@ class PlanResult:
     reasons: list[str] = field(default_factory=list)
     ways_out: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    vllm_version: str | None = None   # as asked (None: the newest known assumed)
+
+    @property
+    def kv_cache_tokens_printed(self) -> int:
+        """"GPU KV cache size" as the planned vLLM version prints it (blocks // groups x block before 0.20)."""
+        new = rules_for(self.vllm_version).new_kv_print
+        return self.capacity.kv_cache_tokens if new else self.capacity.kv_cache_tokens_old
 
     @property
     def weights_gib_per_node(self) -> float:
@@ -249,7 +256,8 @@ def _plan(spec: ModelSpec, o: PlanOptions, weights_bytes: float | None = None,
     b = bud.kv_budget(node_mem, o.gpu_memory_utilization, w.per_rank_gib, over, o.kv_cache_gib)
     cap = capacity(layout, int(b.kv_gib * GIB), mml)
     ok = bud.fits(b, cap.num_blocks, cap.blocks_per_request)
-    res = PlanResult(spec.model, tp, nodes, mml, w, layout, cap, b, ok, warnings=warnings)
+    res = PlanResult(spec.model, tp, nodes, mml, w, layout, cap, b, ok, warnings=warnings,
+                     vllm_version=o.vllm_version)
     res.reasons = _reasons(spec, o, res)
     if not ok and explore:
         res.ways_out = _ways_out(spec, o, res)
@@ -398,3 +406,50 @@ def compare_tp(spec: ModelSpec, options: PlanOptions | None = None,
                    headline=r.reasons[0], blocks_per_request=r.capacity.blocks_per_request)
         rows.append(row)
     return rows
+
+
+@dataclass(frozen=True)
+class VllmKV:
+    """What a vLLM start logs about its KV cache, by the planner's arithmetic (for the simulator,
+    and to hold a log against): the layout of the rank with the fewest blocks, the block count
+    every rank allocates (the smallest), and the figures as that vLLM version prints them."""
+
+    layout: KVLayout
+    capacity: Capacity
+    printed_tokens: int        # "GPU KV cache size: N tokens" as ``version`` prints it
+    version: str               # the rules used (overheads.rules_for)
+    limiting_rank: int
+    mamba_padding_pct: float | None  # "Padding mamba page size by X%" (hybrid models)
+
+
+def vllm_kv(spec: ModelSpec, available_bytes: list[int] | tuple[int, ...], max_model_len: int, tp: int = 1,
+            pp: int = 1, kv_cache_dtype: str = "auto", enable_prefix_caching: bool = True,
+            num_speculative_tokens: int = 0, vllm_version: str | None = None) -> VllmKV:
+    """The KV figures vLLM logs for ``available_bytes`` per rank (rank = stage x TP + TP rank).
+
+    Each worker sizes its pool from its own available memory (``get_num_blocks``:
+    ``available // page // layers per group``); the engine then gives every worker the smallest
+    count (``get_kv_cache_configs``: "change the num_blocks of each rank to the smallest"), so
+    concurrency is that count over the blocks one request takes, and "GPU KV cache size" is
+    ``blocks // groups x block`` before 0.20 and ``int(concurrency x max_model_len)`` from 0.20.
+    With PP each stage holds only its slice of the layers (:func:`pp_slices`)."""
+    rules = rules_for(vllm_version)
+    geo = spec.geometry
+    mtp = num_speculative_tokens > 0 and geo.mtp_layers > 0 and spec.checkpoint.has_mtp is not False
+    slices = pp_slices(geo.num_layers, pp) if pp > 1 else [range(geo.num_layers)]
+    layouts = []
+    for k, layers in enumerate(slices):
+        g = _stage_spec(spec, layers).geometry if pp > 1 else geo
+        layouts.append(kv_layout(g, tp, kv_cache_dtype, enable_prefix_caching, num_speculative_tokens,
+                                 mtp and k == len(slices) - 1))
+    per_rank = []
+    for rank, avail in enumerate(available_bytes):
+        lay = layouts[min(rank // max(1, tp), len(layouts) - 1)]
+        per_rank.append((capacity(lay, int(avail), max_model_len).num_blocks, rank, lay))
+    blocks, rank, lay = min(per_rank, key=lambda x: (x[0], x[1]))
+    cap = capacity(lay, blocks * lay.bytes_per_block, max_model_len)
+    printed = cap.kv_cache_tokens if rules.new_kv_print else cap.kv_cache_tokens_old
+    pad = None
+    if lay.state_layers and lay.attn_layers and lay.state_page_bytes:
+        pad = (lay.page_bytes - lay.state_page_bytes) / lay.state_page_bytes * 100
+    return VllmKV(lay, cap, printed, rules.version, rank, pad)

@@ -26,6 +26,7 @@ port 1 so ``rocep1s0f1``/``enp1s0f1np1`` and ``roceP2p1s0f1``/``enP2p1s0f1np1`` 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable
@@ -165,7 +166,9 @@ class ModelSpec:
     shards: int  # safetensors shards (the loader's bar total)
     weights_gib_tp1: float  # "Model loading took X GiB" at TP=1 (halved per node at TP=2)
     overhead_gib: float  # activation peak + non-torch + graphs: gmu budget minus weights minus KV
-    kv_tokens_per_gib: float  # "GPU KV cache size: N tokens" per GiB of KV cache at TP=1
+    # "GPU KV cache size: N tokens" per GiB of KV cache at TP=1, for a model the planner has no config
+    # of (a bundled one's KV figures come from the planner's arithmetic: :func:`planner_spec`)
+    kv_tokens_per_gib: float
     max_model_len: int
     needs_new_vllm: bool = False  # Qwen3.5: vLLM >= 0.16
     task: str = "generate"  # generate | embed | score
@@ -250,6 +253,22 @@ MODELS: dict[str, ModelSpec] = {
                   1.12, 0.8, 9_320.0, 40_960, task="score"),
     )
 }
+
+
+def planner_spec(repo: str) -> Any:
+    """The planner's spec of ``repo`` when the planner bundles its config (the simulated engine then
+    logs the planner's own KV arithmetic: block size, blocks, concurrency), else None. Offline."""
+    return _planner_spec(repo)
+
+
+@functools.lru_cache(maxsize=16)
+def _planner_spec(repo: str) -> Any:
+    from sparkconsole.planner.spec import is_bundled, load_bundled
+
+    try:
+        return load_bundled(repo) if is_bundled(repo) else None
+    except Exception:  # a broken bundled config must not stop the simulator
+        return None
 
 
 # ---- memory curves -----------------------------------------------------------------------------

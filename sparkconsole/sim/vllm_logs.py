@@ -72,6 +72,7 @@ from sparkconsole.sim.model import (
     SimCluster,
     SimNode,
     _hash01,
+    planner_spec,
     stable_hex,
     stable_int,
 )
@@ -581,10 +582,19 @@ def _plan_serve(
     run.max_model_len = mml
     sc.log(5.1, api, "INFO", "model.py:541", f"Resolved architecture: {arch}")
     sc.log(5.1, api, "INFO", "model.py:1561", f"Using max model len {mml}")
-    if spec is not None and spec.hybrid:
-        sc.log(5.2, api, "INFO", "config.py:424", "Setting attention block size to 1056 tokens to ensure that "
-               "attention page size is >= mamba page size.")
-        sc.log(5.2, api, "INFO", "config.py:448", "Padding mamba page size by 0.76% to ensure that mamba page "
+    prefix_caching = args.enable_prefix_caching if args.enable_prefix_caching is not None else True
+    kv_dtype = "fp8" if (args.kv_cache_dtype or "auto").startswith("fp8") else "auto"
+    pspec = planner_spec(args.model)
+    if spec is not None and spec.hybrid and pspec is not None:
+        # the planner's hybrid layout (planner/kv.py): the smallest 16-token multiple whose attention
+        # page holds one state page at this TP, the state page padded up to it
+        from sparkconsole.planner.kv import kv_layout
+
+        lay = kv_layout(pspec.geometry, args.tp, kv_dtype, prefix_caching)
+        pad = (lay.page_bytes - lay.state_page_bytes) / lay.state_page_bytes * 100
+        sc.log(5.2, api, "INFO", "config.py:424", f"Setting attention block size to {lay.block_size} tokens to "
+               "ensure that attention page size is >= mamba page size.")
+        sc.log(5.2, api, "INFO", "config.py:448", f"Padding mamba page size by {pad:.2f}% to ensure that mamba page "
                "size and attention page size are exactly equal.")
     nbt = args.max_num_batched_tokens or (8192 if new else 2048)
     sc.log(5.2, api, "INFO", "scheduler.py:231", f"Chunked prefill is enabled with max_num_batched_tokens={nbt}.")
@@ -907,7 +917,6 @@ def _plan_serve(
         t += 2.0 + dyn + comp
     overhead = spec.overhead_gib if spec else 2.0
     kv_ranks = [args.gmu * CUDA_TOTAL_GIB - w - overhead for w in w_ranks]
-    kv = kv_ranks[0]  # what the first rank prints
     t += 1.5
     if min(kv_ranks) <= 0:
         msg = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
@@ -917,26 +926,50 @@ def _plan_serve(
                                                            "_initialize_kv_caches",
                                                            "kv_cache_configs = get_kv_cache_configs(")],
                            msg, "oom")
-    # a stage caches only its own layers' KV (1/PP of them), each rank 1/TP of the heads
-    tokens_per_gib = (spec.kv_tokens_per_gib if spec else 8000.0) * args.tp * run.pp
-    if args.kv_cache_dtype == "fp8":
-        tokens_per_gib *= 2
+    # every worker logs its own budget (a Ray worker on another node under its "(RayWorkerWrapper
+    # pid=M, ip=A)" prefix); vLLM admits on the smallest
+    for rank, (n, pid) in enumerate(span_nodes):
+        rlog(n, t, rpfx(n, pid, rank) if (native or rank) else lead, "INFO", "gpu_worker.py:436",
+             f"Available KV cache memory: {gib(kv_ranks[rank])} GiB")
     # the workers' block counts are unified to the smallest (every rank allocates that many)
     kv_alloc = min(kv_ranks)
-    tokens = int(kv_alloc * tokens_per_gib) // 16 * 16
-    rank_log(t, "INFO", "gpu_worker.py:436", f"Available KV cache memory: {gib(kv)} GiB")
-    if tokens < mml:
+    if pspec is not None:
+        # the planner's own KV arithmetic (planner/plan.py vllm_kv) for this image's vLLM: blocks per
+        # rank from its budget, the smallest for all, concurrency = blocks / blocks per request, and
+        # "GPU KV cache size" = blocks // groups x block (< 0.20) or concurrency x max_model_len
+        from sparkconsole.planner.plan import vllm_kv
+
+        vk = vllm_kv(pspec, [int(k * GIB) for k in kv_ranks], mml, args.tp, run.pp, kv_dtype, prefix_caching,
+                     vllm_version=version)
+        if vk.layout.padding_layers:
+            sc.log(t, core if native else lead, "WARNING", "kv_cache_utils.py:1033",
+                   f"Add {vk.layout.padding_layers} padding layers, may waste at most "
+                   f"{vk.layout.padding_layers / (vk.layout.num_groups * vk.layout.group_size) * 100:.2f}% KV cache "
+                   "memory")
+        tokens, conc = vk.printed_tokens, vk.capacity.max_concurrency
+        short = vk.capacity.num_blocks < vk.capacity.blocks_per_request
+        need = vk.capacity.blocks_per_request * vk.layout.bytes_per_block / GIB
+        est = vk.layout.longest_len(vk.capacity.num_blocks)
+    else:
+        # a stage caches only its own layers' KV (1/PP of them), each rank 1/TP of the heads
+        tokens_per_gib = (spec.kv_tokens_per_gib if spec else 8000.0) * args.tp * run.pp
+        if args.kv_cache_dtype == "fp8":
+            tokens_per_gib *= 2
+        tokens = int(kv_alloc * tokens_per_gib) // 16 * 16
+        conc = tokens / mml
+        short = tokens < mml
         need = mml / tokens_per_gib
         est = tokens // 16 * 16
+    if short:
         msg = (f"ValueError: To serve at least one request with the models's max seq len ({mml}), ({gib(need)} GiB "
-               f"KV cache is needed, which is larger than the available KV cache memory ({gib(kv)} GiB). Based on "
+               f"KV cache is needed, which is larger than the available KV cache memory ({gib(kv_alloc)} GiB). Based on "
                f"the available memory, the estimated maximum model length is {est}. Try increasing "
                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
         return engine_failed(t, [(f"{PY}/vllm/v1/core/kv_cache_utils.py", 686, "check_enough_kv_cache_memory",
                                   "raise ValueError(")], msg, "oom", lead)
     sc.log(t, core if native else lead, "INFO", "kv_cache_utils.py:1319", f"GPU KV cache size: {tokens:,} tokens")
     sc.log(t, core if native else lead, "INFO", "kv_cache_utils.py:1324",
-           f"Maximum concurrency for {mml:,} tokens per request: {tokens / mml:.2f}x")
+           f"Maximum concurrency for {mml:,} tokens per request: {conc:.2f}x")
     graphs = 0.0 if args.enforce_eager else 1.0
     finals = [(w + kv_alloc + graphs + 0.87) * GIB for w in w_ranks]
     for hd, final in zip(run.holders, finals, strict=True):
