@@ -124,3 +124,101 @@ def test_cli_from_log_bad_input_is_one_line_exit_2(arg):
     p = _cli(str(LLAMA), "--from-log", arg, "--offline", stdin="nothing vLLM said\n")
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+# ---- vLLM admits on the smallest rank ----------------------------------------------------------------
+
+QWEN = "Qwen/Qwen3.5-122B-A10B-FP8"
+# SYNTHETIC log: every line is in the format a vLLM 0.17 Ray TP=2 start prints (the envelope and the
+# RayWorkerWrapper prefixes as in real logs 18/20), the figures are made up so that the two ranks differ.
+RANKS_LOG = """\
+(APIServer pid=1) INFO 03-27 17:45:01 [utils.py:228] non-default args: {{'model_tag': '{m}', 'model': '{m}', \
+'max_model_len': 65536, 'tensor_parallel_size': 2, 'gpu_memory_utilization': 0.85, \
+'distributed_executor_backend': 'ray'}}
+(EngineCore_DP0 pid=210) INFO 03-27 17:45:10 [core.py:93] Initializing a V1 LLM engine (v0.17.0) with config: \
+model='{m}', speculative_config=None, dtype=torch.bfloat16, max_seq_len=65536, tensor_parallel_size=2, \
+pipeline_parallel_size=1, quantization=fp8, kv_cache_dtype=auto, enable_prefix_caching=True
+{a}
+{b}
+(EngineCore_DP0 pid=210) INFO 03-27 17:49:02 [kv_cache_utils.py:1319] GPU KV cache size: 737,792 tokens
+(EngineCore_DP0 pid=210) INFO 03-27 17:49:02 [kv_cache_utils.py:1324] Maximum concurrency for 65,536 tokens per \
+request: 37.05x
+(APIServer pid=1) INFO:     Application startup complete.
+"""
+RANK0 = ("(EngineCore_DP0 pid=210) (RayWorkerWrapper pid=388) INFO 03-27 17:47:30 [gpu_model_runner.py:3846] "
+         "Model loading took 58.31 GiB memory and 131.2 seconds\n"
+         "(EngineCore_DP0 pid=210) (RayWorkerWrapper pid=388) INFO 03-27 17:49:01 [gpu_worker.py:436] "
+         "Available KV cache memory: 34.31 GiB")
+RANK1 = ("(EngineCore_DP0 pid=210) (RayWorkerWrapper pid=97, ip=192.168.200.13) INFO 03-27 17:47:31 "
+         "[gpu_model_runner.py:3846] Model loading took 58.52 GiB memory and 131.9 seconds\n"
+         "(EngineCore_DP0 pid=210) (RayWorkerWrapper pid=97, ip=192.168.200.13) INFO 03-27 17:49:01 "
+         "[gpu_worker.py:436] Available KV cache memory: 33.80 GiB")
+
+
+@pytest.mark.parametrize("first,second", [(RANK0, RANK1), (RANK1, RANK0)])
+def test_calibration_takes_the_smallest_ranks_kv_budget(first, second):
+    """Block 2,096 tokens x 1,024 B x 12 layers = 25,755,648 B per block id at TP=2.
+    The tight rank: 33.80 GiB -> 1,408 or 1,409 blocks within the print's rounding; 1,408 / 38 = 37.05x
+    (1,409 / 38 = 37.08x), 1,408 // 4 x 2,096 = 737,792 tokens: reproduced. The other rank's 34.31 GiB
+    holds 1,430 blocks (1,430 / 38 = 37.63x), which is not what vLLM allocated."""
+    lg = read_log(RANKS_LOG.format(m=QWEN, a=first, b=second))
+    assert lg.kv_gib == 33.80 and lg.weights_gib == 58.52  # the tight rank's figures
+    assert [v for _k, v in lg.kv_gib_ranks] == [33.80, 34.31]
+    assert "ip=192.168.200.13" in lg.kv_gib_ranks[0][0]
+    assert int(34.31 * (1 << 30)) // 25_755_648 == 1430
+    cal = calibrate(load_spec(QWEN), lg, PlanOptions())
+    assert cal.num_blocks == 1408
+    assert cal.reproduced == {"kv_cache_tokens": True, "max_concurrency": True}
+    assert any("smallest (33.80 GiB" in n for n in cal.notes)
+
+
+def test_one_rank_or_a_later_start_is_not_mixed_in():
+    # the same log twice: only the last start's ranks count (a restart with a bigger budget on one rank)
+    again = RANKS_LOG.format(m=QWEN, a=RANK0, b=RANK1.replace("33.80", "34.50"))
+    lg = read_log(RANKS_LOG.format(m=QWEN, a=RANK0, b=RANK1) + again)
+    assert lg.kv_gib == 34.31 and len(lg.kv_gib_ranks) == 2
+
+
+# ---- a way out never repeats the request; what vLLM ran (or less) never "does not fit" -----------------
+
+def test_ways_out_never_offer_what_was_asked():
+    spec = load_spec(QWEN)
+    r = plan(spec, PlanOptions(tp=1, kv_cache_dtype="fp8", language_model_only=True))
+    assert not r.fits and r.ways_out
+    assert not any("--kv-cache-dtype fp8" in w or "--language-model-only" in w for w in r.ways_out)
+    pp = plan(spec, PlanOptions(tp=1, pp=2, nodes=2, kv_cache_dtype="fp8", max_model_len=262_144,
+                                gpu_memory_utilization=0.5, force=True))
+    assert not pp.fits and pp.ways_out and "fp8 KV" not in pp.ways_out[0]
+
+
+def test_a_four_bit_checkpoint_is_not_told_to_become_four_bit():
+    """SYNTHETIC: the bundled Qwen3-235B-A22B config with a ModelOpt NVFP4 quantization_config
+    (~125 GiB of NVFP4 weights: does not fit one Spark). The 4-bit way out would be the same size."""
+    from sparkconsole.planner.spec import SPECS_DIR, spec_from_config
+
+    raw = json.loads((SPECS_DIR / "qwen3-235B-A22B.config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                                  "exclude_modules": ["lm_head"]}
+    spec = spec_from_config(raw, "synthetic/Qwen3-235B-A22B-NVFP4", "test")
+    r = plan(spec, PlanOptions(tp=1))
+    assert not r.fits and r.weights_gib_per_node > 100
+    assert not any("4-bit variant" in w for w in r.ways_out)
+    assert any(w.startswith("more nodes") for w in r.ways_out)
+    # an FP8 checkpoint still hears of it (about 62 GiB of 4-bit weights against 116 GiB of FP8)
+    fp8 = plan(load_spec(QWEN), PlanOptions(tp=1))
+    assert any(w.startswith("a 4-bit variant") for w in fp8.ways_out)
+
+
+def test_calibrated_replan_of_the_logged_settings_is_no_replan_and_less_still_fits():
+    """SYNTHETIC log (real wording, made-up numbers, as above): weights far above the node, yet vLLM ran."""
+    spec = load_spec("Qwen/Qwen3-8B")
+    log = ("INFO 01-01 00:00:00 [gpu_model_runner.py:1] Model loading took 150.00 GiB memory and 9.0 seconds\n"
+           "INFO 01-01 00:00:01 [gpu_worker.py:1] Available KV cache memory: 4.00 GiB\n"
+           "INFO 01-01 00:00:01 [kv_cache_utils.py:1] Maximum concurrency for 4,096 tokens per request: 7.11x\n"
+           "INFO 01-01 00:00:02 [launcher.py:1] Application startup complete.\n")
+    lg = read_log(log)
+    same = calibrate(spec, lg, PlanOptions(max_model_len=4096), {"max_model_len": 4096})
+    assert same.replan is None and same.calibrated.fits
+    less = calibrate(spec, lg, PlanOptions(max_model_len=4096), {"max_model_len": 2048})
+    assert less.replan is not None and less.replan.fits and not less.replan.ways_out
+    assert less.replan.reasons[0].startswith("fits")

@@ -58,6 +58,13 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "prefix": re.compile(r"enable_prefix_caching[=:]\s*'?(True|False)"),
     "mml": re.compile(r"'max_model_len': (\d+)|max_seq_len=(\d+)"),
 }
+# one rank's lines: Ray workers "(RayWorkerWrapper pid=M[, ip=A])", multiproc "(VllmWorker TP1 pid=M)",
+# "(Worker_TP1 pid=M)" / "(Worker pid=M)"; anything else is the driver's own worker
+_RANK = re.compile(r"\((?:RayWorkerWrapper|VllmWorker|Worker)[^()]*\)")
+_RANK_KV = re.compile(rf"Available KV cache memory: {_NUM} GiB")
+_RANK_W = re.compile(rf"Model loading took {_NUM} ?GiB")
+_START = re.compile(r"vLLM API server version|Initializing a V1 LLM engine|Initializing an LLM engine|"
+                    r"█ +version \S+")
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,7 @@ class Logged:
     non_torch_gib: float | None = None
     cuda_graph_gib: float | None = None        # subtracted from the budget (newer vLLM)
     cuda_graph_captured_gib: float | None = None  # "Graph capturing finished ..., took X GiB"
+    kv_gib_ranks: tuple[tuple[str, float], ...] = ()  # (rank prefix, its "Available KV cache memory")
 
     @property
     def ran(self) -> bool:
@@ -99,8 +107,21 @@ def read_log(text: str) -> Logged:
         return Logged()
     rep = parse_vllm_log(text)
     found: dict[str, Any] = {}
+    kv_by_rank: dict[str, float] = {}
+    w_by_rank: dict[str, float] = {}
     for raw in text.splitlines():
         line = _ANSI.sub("", raw)
+        if _START.search(line):  # a new start: only the last one's ranks count
+            kv_by_rank.clear()
+            w_by_rank.clear()
+        for pat, into in ((_RANK_KV, kv_by_rank), (_RANK_W, w_by_rank)):
+            m = pat.search(line)
+            if m:
+                r = _RANK.search(line[:m.start()])
+                try:
+                    into[r.group(0) if r else "(driver)"] = float(m.group(1))
+                except ValueError:
+                    pass
         for key, pat in _PATTERNS.items():
             m = pat.search(line)
             if m:
@@ -124,6 +145,13 @@ def read_log(text: str) -> Logged:
         nontorch, act = f("v07_parts", 0), f("v07_parts", 1)
     total = f("free_total", 1) or f("v07", 0) or total
     gmu = f("desired", 0) or f("gmu", 0) or f("gmu", 1) or f("v07", 1)
+    kv = rep.kv_cache_gib
+    if kv_by_rank:
+        # vLLM admits on the smallest rank: every worker gets the block count of the tightest one
+        tight = min(kv_by_rank, key=lambda k: (kv_by_rank[k], k))
+        kv = kv_by_rank[tight]
+        if len(kv_by_rank) > 1 and tight in w_by_rank and "actual" not in found:
+            weights = w_by_rank[tight]
     mml_g = found.get("mml")
     mml = rep.max_model_len or (int(next(x for x in mml_g if x)) if mml_g else None)
     prefix = found.get("prefix")
@@ -134,12 +162,13 @@ def read_log(text: str) -> Logged:
         kv_cache_dtype=("fp8" if str(found["kvdt"][0]).startswith("fp8") else "auto") if "kvdt" in found else None,
         enable_prefix_caching=(prefix[0] == "True") if prefix else None,
         max_num_batched_tokens=int(f("nbt")) if f("nbt") else None,
-        total_gib=total, weights_gib=weights, kv_gib=rep.kv_cache_gib, kv_tokens=rep.kv_cache_tokens,
+        total_gib=total, weights_gib=weights, kv_gib=kv, kv_tokens=rep.kv_cache_tokens,
         max_concurrency=rep.max_concurrency, gpu_blocks=rep.gpu_blocks, block_size=int(f("block_size")) if f("block_size") else None,
         padding_layers=int(f("padding_layers")) if f("padding_layers") is not None else None,
         activation_gib=act, non_torch_gib=nontorch,
         cuda_graph_gib=graphs if graphs is not None else None,
         cuda_graph_captured_gib=f("graph_took") or f("graph_est"),
+        kv_gib_ranks=tuple(sorted(kv_by_rank.items(), key=lambda x: (x[1], x[0]))),
     )
 
 
@@ -264,6 +293,9 @@ def calibrate(spec: ModelSpec, lg: Logged, base: PlanOptions, change: Mapping[st
     measured_rest = None
     if lg.gpu_memory_utilization and lg.kv_gib is not None and lg.weights_gib is not None and lg.total_gib:
         measured_rest = lg.gpu_memory_utilization * lg.total_gib - lg.weights_gib - lg.kv_gib
+    # a change to what was logged is no change (a re-plan of the same settings would repeat the request)
+    same = {"max_model_len": mml, "gpu_memory_utilization": at.gpu_memory_utilization, "tp": tp}
+    change = {k: v for k, v in change.items() if v is not None and v != same.get(k)}
     replan = None
     if change:
         tgt = dataclasses.replace(at, **{k: v for k, v in change.items() if v is not None and k != "tp"}, force=base.force)
@@ -290,6 +322,18 @@ def calibrate(spec: ModelSpec, lg: Logged, base: PlanOptions, change: Mapping[st
             replan = _plan(spec, dataclasses.replace(tgt, tp=new_tp, nodes=new_tp, kv_cache_gib=None, **ov),
                            weights_bytes=weights * GIB * ratio,
                            weights_source=f"the log's weights x {ratio:.3f} (TP {tp} -> {new_tp})")
+    if len({v for _k, v in lg.kv_gib_ranks}) > 1:
+        (tk, tv), (_hk, hv) = lg.kv_gib_ranks[0], lg.kv_gib_ranks[-1]
+        notes.append(f"the ranks logged {tv:.2f}-{hv:.2f} GiB of KV budget: vLLM gives every rank the block count "
+                     f"of the smallest ({tv:.2f} GiB, {tk}), and so does this calibration")
+    if (replan is not None and lg.ran and not replan.fits and "tp" not in change
+            and replan.max_model_len <= mml and replan.budget.gmu >= at.gpu_memory_utilization):
+        # what vLLM ran, or a start that asks less of it (no longer context, no less memory), fits
+        replan.fits = True
+        replan.ways_out = []
+        replan.reasons = [x for x in replan.reasons if not x.startswith("way out: ")]
+        replan.reasons[0] = replan.reasons[0].replace("does not fit", "fits", 1)
+        replan.reasons.insert(1, "vLLM ran the logged start, which asked more of it than this")
     if measured_rest is not None:
         notes.append(f"measured overheads: {measured_rest:.2f} GiB besides weights and KV "
                      f"(gmu {lg.gpu_memory_utilization:g} x {lg.total_gib:.2f} GiB - {lg.weights_gib:.2f} - "

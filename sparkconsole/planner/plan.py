@@ -231,8 +231,9 @@ def _plan_pp(spec: ModelSpec, o: PlanOptions, explore: bool) -> PlanResult:
                    f"the heaviest stage loads {heaviest.weights_gib_per_node:.2f} GiB; stage {k} (layers "
                    f"{slices[k].start}-{slices[k].stop - 1}) has the fewest KV blocks and sets the concurrency",
                    *limiting.reasons[1:]]
-    if not res.fits and explore:
-        res.ways_out = ["more stages or nodes, a shorter --max-model-len, fp8 KV, or a 4-bit variant"]
+    if not res.fits and explore:  # never what was asked: no fp8 KV when it is already fp8
+        res.ways_out = ["more stages or nodes, a shorter --max-model-len, "
+                        + ("" if o.kv_cache_dtype == "fp8" else "fp8 KV, ") + "or a 4-bit variant"]
         res.reasons.append(f"way out: {res.ways_out[0]}")
     return res
 
@@ -365,8 +366,10 @@ def _ways_out(spec: ModelSpec, o: PlanOptions, r: PlanResult) -> list[str]:
                 break
     if not weights_fit or r.tp > 1:
         four = four_bit_per_rank(spec, 1, include_vision=not o.language_model_only)
+        now = estimate_weights(spec, 1, include_vision=not o.language_model_only,
+                               include_mtp=o.num_speculative_tokens > 0).per_rank_bytes
         alt = _try(spec, dataclasses.replace(o, tp=1, nodes=1), weights_bytes=four)
-        if alt and alt.fits:
+        if alt and alt.fits and four < 0.9 * now:  # not when the checkpoint is already about that size
             ways.append(f"a 4-bit variant (AWQ/GPTQ/NVFP4, about {four / GIB:.1f} GiB) fits on one Spark "
                         f"({alt.max_concurrency:.1f}x concurrency at {alt.max_model_len:,} tokens)")
     if not ways:
