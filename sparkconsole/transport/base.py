@@ -12,15 +12,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from sparkconsole.errors import TransportError
+from sparkconsole.errors import TransportError, ValidationError
 from sparkconsole.remote import RemoteCommand
 
 CommandLike = RemoteCommand | str
 
 
 def command_text(cmd: CommandLike) -> str:
-    """The exact shell text of ``cmd``."""
-    return cmd.shell() if isinstance(cmd, RemoteCommand) else cmd
+    """The exact shell text of ``cmd``. A NUL byte is refused here: no shell word can hold one
+    (``shlex.quote`` keeps it), and OpenSSH's sshd drops the whole connection (every other channel
+    of the node with it) on an exec request that carries one."""
+    text = cmd.shell() if isinstance(cmd, RemoteCommand) else cmd
+    if "\x00" in text:
+        raise ValidationError(f"a command cannot carry a NUL byte: {text[:80]!r}")
+    return text
 
 
 @dataclass(frozen=True)
