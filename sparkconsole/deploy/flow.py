@@ -271,6 +271,31 @@ def _cuda_total(f: NodeFacts) -> float:
 class Plan(Step):
     id, title = "plan", "Plan memory: one node or several"
 
+    @staticmethod
+    def vllm_version(f: Flow) -> str | None:
+        """The vLLM whose rules the plan uses: the image's, once the engine step has read it (a
+        re-plan after a failed start), else the version of the image asked for (--image, by its tag
+        or the known images), else None: the planner assumes the newest it knows, and says so."""
+        if f.get("vllm_version"):
+            return str(f.get("vllm_version"))
+        img = f.o.image
+        if not img:
+            return None
+        known = next((k.version for k in engines.KNOWN_IMAGES
+                      if k.engine == "vllm" and normalize_image(k.ref) == normalize_image(img)), None)
+        if known:
+            return known
+        m = re.search(r":v?(\d+\.\d+(?:\.\d+)?)", img)
+        return m.group(1) if m else None
+
+    @staticmethod
+    def options(f: Flow, vllm_version: str | None) -> PlanOptions:
+        """The chosen plan's options, as the plan step stored them (for a re-plan by version)."""
+        node_gib = min(_cuda_total(x) for x in f.facts.values()) / GIB
+        return PlanOptions(node_memory_gib=node_gib, max_model_len=f.get("max_model_len"),
+                           gpu_memory_utilization=float(f.get("gmu") or 0.85),
+                           kv_cache_dtype=f.get("kv_cache_dtype") or "auto", vllm_version=vllm_version, force=True)
+
     async def decide(self) -> None:
         f = self.f
         facts = f.facts
@@ -285,7 +310,13 @@ class Plan(Step):
             self.r.note(f"--gpu-memory-utilization {gmu}: even with every service stopped the tightest node has "
                         f"{best / GIB:.1f} GiB free")
         mml_ask = f.get("max_model_len_override") or f.o.max_model_len
-        base = PlanOptions(node_memory_gib=node_gib, max_model_len=mml_ask, gpu_memory_utilization=gmu)
+        from sparkconsole.planner.overheads import rules_for
+
+        version = self.vllm_version(f)
+        base = PlanOptions(node_memory_gib=node_gib, max_model_len=mml_ask, gpu_memory_utilization=gmu,
+                           vllm_version=version)
+        self.r.note(f"plan: {rules_for(version).note}"
+                    + ("" if version else "; the engine step reads the image's version and re-plans"))
         tps = (1, f.o.tp) if f.o.tp and f.o.tp > 1 else (1, *[t for t in (2, 4, 8, 16, 32) if t <= n_nodes])
         layouts = [(t, 1) for t in dict.fromkeys(tps)]
         if n_nodes > 2 and layout_row(f.spec, base, n_nodes).get("error"):
@@ -354,6 +385,7 @@ class Plan(Step):
         f.put("tp", tp)
         f.put("pp", pp)
         f.put("plan_fits", bool(chosen.get("fits")))
+        f.put("plan_vllm_version", rules_for(version).version if version else None)
         f.put("kv_cache_dtype", kv)
         mml = int(chosen["max_model_len"])
         f.put("max_model_len", mml)
@@ -369,7 +401,7 @@ class Plan(Step):
                         + ("" if c.enough else " (and still short)"), node=n)
         self.r.note(f"plan: TP={tp}" + (f" x PP={pp}" if pp > 1 else "") + f", --max-model-len {mml:,}, --gpu-memory-utilization {gmu}, KV {kv}, "
                     f"{chosen['weights_gib_per_node']:.1f} GiB weights and {chosen['kv_cache_gib_per_node']:.1f} "
-                    f"GiB KV per node, {chosen['max_concurrency']:.1f}x concurrency")
+                    f"GiB KV per node, {chosen['max_concurrency']:.1f}x concurrency; {chosen.get('headline', '')}")
 
 
 # ---- engine ---------------------------------------------------------------------------------------
