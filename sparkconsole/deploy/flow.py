@@ -505,6 +505,26 @@ class Engine(Step):
         f.put("image_id", ident)
         self.r.note(f"{img}: vLLM {ef.vllm or '-'}, SGLang {ef.versions.get('sglang') or '-'}, "
                     f"{arch} registered; image ID {ident[:19]}")
+        if f.engine == "vllm" and ef.vllm:
+            self._replan(ef.vllm)
+
+    def _replan(self, version: str) -> None:
+        """The plan again under the image's vLLM rules (CUDA graphs in the budget from 0.19, the KV
+        print from 0.20), when the plan step assumed another version; the verdict names it."""
+        from sparkconsole.planner.overheads import rules_for
+
+        f = self.f
+        f.put("vllm_version", version)
+        if f.get("tp") is None or rules_for(version).version == f.get("plan_vllm_version"):
+            return
+        row = layout_row(f.spec, Plan.options(f, version), int(f.get("tp") or 1), int(f.get("pp") or 1))
+        f.put("plan_vllm_version", rules_for(version).version)
+        if row.get("error"):
+            self.r.note(f"re-plan for the image's vLLM {version}: {row['error']}")
+            return
+        f.put("plan_fits", bool(row["fits"]))
+        self.r.note(f"re-plan for the image's vLLM {version}: {row['kv_cache_gib_per_node']:.1f} GiB KV per node, "
+                    f"{row['max_concurrency']:.1f}x concurrency at {row['max_model_len']:,} tokens; {row['headline']}")
 
 
 # ---- network --------------------------------------------------------------------------------------
@@ -1165,7 +1185,8 @@ class Serve(Step):
         except Exception:
             return
         opts = PlanOptions(tp=int(self.f.get("tp") or 1), max_model_len=self.f.get("max_model_len"),
-                           gpu_memory_utilization=float(self.f.get("gmu") or 0.85), force=True)
+                           gpu_memory_utilization=float(self.f.get("gmu") or 0.85), force=True,
+                           vllm_version=self.f.get("vllm_version"))  # the image's, as the engine step read it
         cal = serve_calibration(spec, "".join(getattr(self, "_seen", [])), opts)
         if cal is None:
             return
