@@ -269,3 +269,100 @@ async def test_waiting_on_a_job_gives_up_when_its_node_stops_answering(tmp_path)
     with pytest.raises(StepFailed) as info:
         await r.wait_job(Job("n1", 42, "/x/j.log", "/x/j.rc", "copy weights"))
     assert "n1 stopped answering while copy weights ran" in info.value.message and "--resume" in info.value.fix
+
+
+# ---- the plan by the image's vLLM version (issue 13) ----------------------------------------------
+
+class _Res:
+    def __init__(self, stdout: str, rc: int = 0) -> None:
+        self.stdout, self.stderr, self.exit_status, self.ok = stdout, "", rc, rc == 0
+
+
+class _Runner:
+    """Just what the plan, engine and serve steps touch: saved facts, notes, reads of the image's Python."""
+
+    def __init__(self, facts: dict, engine_out: str = "") -> None:
+        from types import SimpleNamespace
+
+        self.state = SimpleNamespace(facts=facts, steps={}, started=[], short_id="t1")
+        self.notes: list[str] = []
+        self.head = SimpleNamespace(name="spark-1a32")
+        self.nodes = [SimpleNamespace(name="spark-1a32"), SimpleNamespace(name="spark-5be3")]
+        self._out = engine_out
+
+    def save(self) -> None:
+        pass
+
+    def note(self, msg: str, node: str | None = None) -> None:
+        self.notes.append(msg)
+
+    def forget(self, key: str) -> None:
+        pass
+
+    async def read(self, node, cmd, timeout=None, quiet=False):
+        return _Res(self._out)
+
+
+def _flow(opt_image: str | None = None, engine_out: str = "", **facts):
+    from sparkconsole.deploy.flow import Flow, Options
+
+    img = [{"ref": "vllm/vllm-openai:v0.17.0", "id": "sha256:" + "c" * 64}]
+    nodes = {n: NodeFacts(n, gpu="NVIDIA GB10", mem_total=int(119.7 * GIB), mem_available=int(110 * GIB)).to_json()
+             for n in ("spark-1a32", "spark-5be3")}
+    for n in nodes.values():
+        n["images"] = img
+    r = _Runner({"nodes": nodes, **facts}, engine_out)
+    return Flow(r, Options(image=opt_image)), r
+
+
+def test_plan_takes_the_vllm_version_of_the_image():
+    from sparkconsole.deploy.flow import Plan
+
+    assert Plan.vllm_version(_flow("vllm/vllm-openai:v0.17.0")[0]) == "0.17.0"
+    assert Plan.vllm_version(_flow("nvcr.io/nvidia/vllm:26.03-py3")[0]) == "0.17.1"  # a known image
+    assert Plan.vllm_version(_flow("example.org/vllm:v0.19.1-cu130")[0]) == "0.19.1"  # from the tag
+    assert Plan.vllm_version(_flow(None)[0]) is None                                  # the newest, assumed
+    assert Plan.vllm_version(_flow("example.org/vllm:latest")[0]) is None
+    # what the engine step read from the image's own Python wins over a tag
+    assert Plan.vllm_version(_flow("vllm/vllm-openai:v0.19.0", vllm_version="0.17.0")[0]) == "0.17.0"
+
+
+async def test_engine_step_reads_the_version_and_replans_under_its_rules():
+    """The plan assumed the newest vLLM (0.20: CUDA graphs' 0.5 GiB in the budget); the image runs
+    0.17.0, where they are not: the re-plan of TP=2 at 65,536 tokens has 0.5 GiB more KV per node."""
+    out = ("vllm 0.17.0\ntransformers 4.57.1\ntorch 2.9.0\nsglang -\n"
+           "arch Qwen3_5MoeForConditionalGeneration yes\n")
+    f, r = _flow(None, out, tp=2, pp=1, gmu=0.85, max_model_len=65536, kv_cache_dtype="auto",
+                 plan_vllm_version=None, engine="vllm", image="vllm/vllm-openai:v0.17.0")
+    from sparkconsole.deploy.flow import Engine, Plan
+    from sparkconsole.planner.plan import layout_row
+
+    await Engine(f).verify()
+    assert f.get("vllm_version") == "0.17.0" and f.get("plan_vllm_version") == "0.17"
+    (note,) = [n for n in r.notes if n.startswith("re-plan for the image's vLLM 0.17.0")]
+    assert "(vLLM 0.17)" in note and "fits on 2 Sparks" in note and f.get("plan_fits") is True
+    new, old = (layout_row(f.spec, Plan.options(f, v), 2) for v in ("0.17.0", None))
+    assert new["kv_cache_gib_per_node"] - old["kv_cache_gib_per_node"] == pytest.approx(0.5)
+    assert f"{new['kv_cache_gib_per_node']:.1f} GiB KV per node" in note
+    await Engine(f).verify()  # the same version again: no second re-plan
+    assert sum(n.startswith("re-plan") for n in r.notes) == 1
+
+
+def test_serve_calibration_uses_the_images_version():
+    """SYNTHETIC log lines (real vLLM wording, made-up figures, no version line): the calibration
+    notes name the version the engine step read, not the planner's newest."""
+    from sparkconsole.deploy.flow import Serve
+
+    f, r = _flow(None, tp=2, gmu=0.85, max_model_len=65536, vllm_version="0.17.0")
+    s = Serve(f)
+    s._seen = ["INFO 01-01 00:00:00 [gpu_model_runner.py:1] Model loading took 58.31 GiB memory and 9.0 seconds\n"
+               "INFO 01-01 00:00:01 [gpu_worker.py:1] Available KV cache memory: 33.80 GiB\n"
+               "INFO 01-01 00:00:01 [kv_cache_utils.py:1] GPU KV cache size: 737,792 tokens\n"
+               "INFO 01-01 00:00:01 [kv_cache_utils.py:1] Maximum concurrency for 65,536 tokens per request: 37.05x\n"]
+    s._calibrate()
+    cal = [n for n in r.notes if n.startswith("calibration: ")]
+    assert any("vLLM 0.17: CUDA-graph memory is not subtracted" in n for n in cal)
+    # 1,408 blocks (see tests/test_planner_sim.py): the longest request they hold is
+    # (1,408 - 3 x 2) // 1 x 2,096 = 2,938,592 tokens, capped at the model's 262,144
+    assert f.get("calibrated_longest_len") == 262_144
+    assert any("blocks: plan" in n and "1,408 (derived)" in n for n in cal)
