@@ -711,10 +711,17 @@ class Weights(Step):
                                                f.job_dir(src))
         copying = {n: asyncio.ensure_future(self.r.wait_job(job, lambda text, n=n: self._copy_progress(n, text)))
                    for n, job in copies.items()}
+        self._copy_errors: dict[str, str] = {}
         hashing = asyncio.ensure_future(self._hash_as_they_land(hub, set(copies), copying))
+        downloading = None
         try:
             if download is not None:
-                rc = await self.r.wait_job(download, lambda text: self._download_progress(src, text))
+                downloading = asyncio.ensure_future(
+                    self.r.wait_job(download, lambda text: self._download_progress(src, text)))
+                await asyncio.wait({downloading, hashing}, return_when=asyncio.FIRST_COMPLETED)
+                if hashing.done() and hashing.exception() is not None:
+                    raise hashing.exception()  # type: ignore[misc]  # the fast link went down: back to network
+                rc = await downloading
                 self._downloaded = 1.0
                 if rc != 0:
                     raise StepFailed(f"{src}: hf download ended with exit {rc}",
@@ -728,22 +735,38 @@ class Weights(Step):
             for n, task in copying.items():
                 rc = await task
                 if rc != 0:
+                    await self._link_check(n)
                     raise StepFailed(f"copy to {n} ended with exit {rc}", "--resume continues it (--partial)")
             await hashing
         finally:
-            for task in (*copying.values(), hashing):
+            tasks = [*copying.values(), hashing, *([downloading] if downloading is not None else [])]
+            for task in tasks:
                 task.cancel()  # a failure above: what runs on the nodes goes on (--resume re-attaches)
-            await asyncio.gather(*copying.values(), hashing, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _link_check(self, n: str) -> None:
+        """A copy to ``n`` failed (or its passes do): read the nodes again; when the fast link went
+        down (or lost its address) the flow goes back to the network step, which says the fix."""
+        facts = await self.f.recon(self.f.nodes)
+        problems = [p for p in netenv.check_links([facts[x] for x in self.f.nodes if x in facts]) if p.kind != "mtu"]
+        if problems:
+            p = problems[0]
+            self.r.note(f"the copy to {n} failed: {(p.node + ': ') if p.node else ''}{p.what}", "error", node=n)
+            raise GoTo("network", f"the fast link changed during the copy to {n}: {p.what}")
 
     async def _hash_as_they_land(self, hub: list[W.HubFile], nodes: set[str],
                                  copying: dict[str, asyncio.Future[int]]) -> None:
         """Read-only, while the copies run: hash on each worker the files that arrived whole, so
-        the final verify only reads the last ones (about a shard instead of the whole model)."""
+        the final verify only reads the last ones (about a shard instead of the whole model); a
+        copy pass that could not reach its worker has the links read again (:meth:`_link_check`)."""
         while any(not t.done() for t in copying.values()):
             await asyncio.wait(list(copying.values()), timeout=max(self.r.settings.poll_s, 0.05) * 5)
             for n in nodes:
-                if not copying[n].done():
-                    await self._verify_node(n, hub, hashes=True)
+                if copying[n].done():
+                    continue
+                if self._copy_errors.pop(n, None):
+                    await self._link_check(n)
+                await self._verify_node(n, hub, hashes=True)
 
     def _download_progress(self, node: str, text: str) -> None:
         last = re.split(r"[\r\n]", text.strip())[-1] if text.strip() else ""
@@ -755,6 +778,9 @@ class Weights(Step):
     _downloaded = 1.0  # while a download runs: its fraction (a copy beside it cannot be further)
 
     def _copy_progress(self, node: str, text: str) -> None:
+        last = text.strip().splitlines()[-3:]
+        if any("rsync error" in x or "ssh: connect to host" in x for x in last):
+            getattr(self, "_copy_errors", {})[node] = last[-1]  # a pass failed: the link is read again
         for part in reversed(re.split(r"[\r\n]", text.strip())):
             m = re.match(r"\s*([\d,]+)\s+(\d+)%\s+(\S+)\s+(\S+)", part)
             if m:
