@@ -81,12 +81,18 @@ async def test_sshd_killed_mid_poll_down_within_two_ticks_back_within_two_other_
         print(f"\nsshd killed: down after {down_s:.1f} s = {down_ticks} tick(s), back {back_s:.1f} s = {back_ticks} tick(s) after restart; the other node: {len(b_during)} "
               f"samples in the {outage:.1f} s outage, all up")
     finally:
-        await ta.stop()
-        await tb.stop()
-        await pa.close()
-        await pb.close()
-        a.stop()
-        b.stop()
+        await _stop_all((ta, tb), (pa, pb), (a, b))
+
+
+async def _stop_all(tickers: tuple[Ticker, ...], pollers: tuple[NodePoller, ...],
+                    servers: tuple[LabSshd, ...]) -> None:
+    """Tickers first (no poll in flight), then the pollers' connections, then the sshds."""
+    for ticker in tickers:
+        await ticker.stop()
+    for poller in pollers:
+        await poller.close()
+    for server in servers:
+        server.stop()
 
 
 def _sshd_tree(server: LabSshd) -> list[psutil.Process]:
@@ -145,12 +151,7 @@ async def test_a_host_slow_to_answer_times_out_and_the_other_keeps_its_rate(tmp_
               f"while frozen); the other node {len(b_during)} samples in {window:.1f} s ({b_rate:.2f}/s, "
               f"{b_rate_before:.2f}/s before); back {back_s:.1f} s = {back_ticks} tick(s) after SIGCONT")
     finally:
-        await ta.stop()
-        await tb.stop()
-        await pa.close()
-        await pb.close()
-        a.stop()
-        b.stop()
+        await _stop_all((ta, tb), (pa, pb), (a, b))
 
 
 async def test_the_console_stays_responsive_while_a_nodes_sshd_is_killed_and_restarted(tmp_path):
