@@ -345,9 +345,14 @@ def hf_download(model: str) -> RemoteCommand:
     return command("hf", "download", m, mutating=True, summary=f"download {m} from the Hub")
 
 
+RSYNC_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+
+
 def rsync_dir(src: str, user_host: str, dest: str, *, exclude: tuple[str, ...] = ("blobs/",)) -> RemoteCommand:
     """Copy a model directory to another node over the fast link: links dereferenced (``-L``: the
-    HF cache's snapshot links would arrive broken otherwise), a cut file kept (``--partial``)."""
+    HF cache's snapshot links would arrive broken otherwise), a cut file kept (``--partial``).
+    ssh's keepalive (``RSYNC_SSH``) makes a pass whose link went dead fail in about 15 s, not after
+    TCP's retransmissions give up (about 15 minutes), so the wizard sees it and can offer to wait."""
     user, _, host = user_host.rpartition("@")
     validate_host(host)
     if user:
@@ -357,7 +362,7 @@ def rsync_dir(src: str, user_host: str, dest: str, *, exclude: tuple[str, ...] =
         if not re.fullmatch(r"[A-Za-z0-9._/-]{1,64}", e):
             raise ValidationError(f"not an rsync exclude: {e!r}")
         argv += ["--exclude", e]
-    argv += ["--info=progress2", "-e", "ssh -o BatchMode=yes",
+    argv += ["--info=progress2", "-e", RSYNC_SSH,
              validate_path(src).rstrip("/") + "/", f"{user_host}:{validate_path(dest).rstrip('/')}/"]
     return command(*argv, mutating=True, summary=f"copy {src} to {host}")
 

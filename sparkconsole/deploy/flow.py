@@ -69,7 +69,9 @@ STEP_IDS = ("recon", "plan", "engine", "network", "weights", "images", "free-mem
 RAY_PORT = 6379
 API_PORT = 8000
 LAUNCH_MARGIN = 1 * GIB  # free memory kept above vLLM's start-up check
-RECON_TIMEOUT_S = 20.0  # a node that does not answer its recon within this is named unreachable
+RECON_TIMEOUT_S = 20.0
+LINK_WAIT_S = 900.0  # how long the weights step waits for a fast link that went down mid-copy
+LINK_RETRIES = 3  # copy passes started again after the link came back  # a node that does not answer its recon within this is named unreachable
 
 
 @dataclass
@@ -732,10 +734,18 @@ class Weights(Step):
                                      "--resume downloads the rest")
             ok[src] = True
             f.put("weights_ok", ok)
-            for n, task in copying.items():
-                rc = await task
+            for n in copying:
+                rc = await copying[n]
+                for _again in range(LINK_RETRIES):
+                    if rc == 0 or not await self._link_check(n):
+                        break
+                    # the link was down and is back: the copy starts again where it stopped (--partial)
+                    job = await self.r.start_job(src, f"weights-copy-{n}", self._copy_cmd(src, n, False),
+                                                 f.job_dir(src))
+                    copying[n] = asyncio.ensure_future(
+                        self.r.wait_job(job, lambda text, n=n: self._copy_progress(n, text)))
+                    rc = await copying[n]
                 if rc != 0:
-                    await self._link_check(n)
                     raise StepFailed(f"copy to {n} ended with exit {rc}", "--resume continues it (--partial)")
             await hashing
         finally:
@@ -744,15 +754,56 @@ class Weights(Step):
                 task.cancel()  # a failure above: what runs on the nodes goes on (--resume re-attaches)
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _link_check(self, n: str) -> None:
-        """A copy to ``n`` failed (or its passes do): read the nodes again; when the fast link went
-        down (or lost its address) the flow goes back to the network step, which says the fix."""
-        facts = await self.f.recon(self.f.nodes)
-        problems = [p for p in netenv.check_links([facts[x] for x in self.f.nodes if x in facts]) if p.kind != "mtu"]
-        if problems:
-            p = problems[0]
-            self.r.note(f"the copy to {n} failed: {(p.node + ': ') if p.node else ''}{p.what}", "error", node=n)
+    async def _link_check(self, n: str) -> bool:
+        """A copy to ``n`` failed (or one of its passes did): read the nodes again. With the fast
+        link fine, False (the failure was something else). When it went down (or lost its
+        address) the operator decides: wait for it (the download goes on; the copy resumes where
+        it stopped once the port is Up: True), or stop, which sends the flow back to the network
+        step, where the fix is said."""
+        problems = await self._link_problems()
+        if not problems:
+            return False
+        p = problems[0]
+        what = f"{(p.node + ': ') if p.node else ''}{p.what}"
+        self.r.note(f"the copy to {n} failed: {what}", "error", node=n)
+        src = self._source() or self.f.head
+        measured = [what, f"copy to {n}: stopped (the cut file stays: rsync --partial)"]
+        if self._downloaded < 1.0:
+            measured.append(f"download on {src}: {self._downloaded:.0%}, going on (it does not use the fast link)")
+        d = Decision("weights.link", self.id, "The fast link went down during the copy", tuple(measured),
+                     (Option("wait", "wait for the link, then go on",
+                             f"{p.fix}; the copy resumes where it stopped once the port is Up again"),
+                      Option("stop", "stop here", "fix the link by hand; --resume copies the rest")),
+                     "wait", "only the copy needs the fast link: a reseated cable costs minutes, a restart none of "
+                     "the bytes already sent")
+        answer = await self.r.decide(d)
+        self.r.forget(d.id)  # asked again if the link goes down once more
+        if answer == "stop":
             raise GoTo("network", f"the fast link changed during the copy to {n}: {p.what}")
+        await self._wait_for_link(n, p.what)
+        return True
+
+    async def _link_problems(self) -> list[netenv.Problem]:
+        facts = await self.f.recon(self.f.nodes)
+        return [p for p in netenv.check_links([facts[x] for x in self.f.nodes if x in facts]) if p.kind != "mtu"]
+
+    async def _wait_for_link(self, n: str, what: str) -> None:
+        """Read the links every few polls until the fast link is back; past ``LINK_WAIT_S`` the
+        flow goes back to the network step (which stops with the fix)."""
+        speed = self.r.settings.speed
+        started = time.monotonic()
+        self.r.note(f"waiting for the fast link ({what}); the download goes on", "warning", node=n)
+        while True:
+            if self.r.cancelled:
+                raise StepFailed("stopped by the operator while waiting for the fast link",
+                                 "--resume checks the link and copies the rest")
+            await asyncio.sleep(max(self.r.settings.poll_s * 5, 0.05))
+            waited = (time.monotonic() - started) * speed
+            if not await self._link_problems():
+                self.r.note(f"the fast link is back after {waited:.0f} s: the copy to {n} goes on", node=n)
+                return
+            if waited > LINK_WAIT_S:
+                raise GoTo("network", f"the fast link stayed down {waited:.0f} s during the copy to {n}: {what}")
 
     async def _hash_as_they_land(self, hub: list[W.HubFile], nodes: set[str],
                                  copying: dict[str, asyncio.Future[int]]) -> None:

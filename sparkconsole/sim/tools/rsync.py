@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
+import re
 
 from sparkconsole.sim.model import FAST_LINK_RSYNC_BPS, LAN_RSYNC_BPS, CacheRamp, stable_hex
 from sparkconsole.sim.sh.interp import IO
@@ -25,12 +26,31 @@ STEP_S = 1.0
 VERSION = "3.2.7"
 
 
+TCP_GIVES_UP_S = 924.6  # Linux's default tcp_retries2=15: an established connection's writes time out
+
+
+class _LinkLost(Exception):
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.host = host
+
+
+def _keepalive_s(rsh: str) -> float:
+    """How long ``-e 'ssh -o ServerAliveInterval=N -o ServerAliveCountMax=M'`` takes to give up
+    on a dead link (N x M seconds; M defaults to 3, as in ssh_config(5)); without a keepalive,
+    ssh waits for TCP to give up."""
+    opts = dict(re.findall(r"-o\s*(\w+)=(\d+)", rsh))
+    interval = int(opts.get("ServerAliveInterval", 0))
+    return interval * int(opts.get("ServerAliveCountMax", 3)) if interval else TCP_GIVES_UP_S
+
+
 class RsyncTools:
     """Mixin: ``rsync``."""
 
     async def c_rsync(self, argv: list[str], io: IO) -> int:
         args = argv[1:]
         flags: set[str] = set()
+        rsh = "ssh"
         excludes: list[str] = []
         paths: list[str] = []
         i = 0
@@ -39,6 +59,8 @@ class RsyncTools:
             if a in ("-e", "--rsh", "--exclude", "--include", "--info", "--partial-dir", "--bwlimit"):
                 if a == "--exclude" and i + 1 < len(args):
                     excludes.append(args[i + 1])
+                if a in ("-e", "--rsh") and i + 1 < len(args):
+                    rsh = args[i + 1]
                 i += 2
                 continue
             if a.startswith("--"):
@@ -53,6 +75,7 @@ class RsyncTools:
                 for ch in a[1:]:
                     if ch == "e":
                         i += 1  # the -e value follows
+                        rsh = args[i] if i < len(args) else rsh
                         break
                     flags.add("-" + ch)
             else:
@@ -183,6 +206,7 @@ class RsyncTools:
                 if xfr else ""
             return f"{_progress2(got, pct, speed, when)}{chk}"
 
+        dead_after = _keepalive_s(rsh)
         try:
             for rel, ent, basis in todo:
                 dpath = posixpath.join(dest_top, rel)
@@ -198,6 +222,12 @@ class RsyncTools:
                     got = basis
                     size = ent.nbytes()
                     while got < size:
+                        if host is not None and self._resolve(host) is None:  # type: ignore[attr-defined]
+                            # the link went dead mid-file: ssh notices when its keepalive goes
+                            # unanswered (or TCP gives up), and the pass ends with the cut file
+                            await self.clock.sleep(dead_after)
+                            if self._resolve(host) is None:  # type: ignore[attr-defined]
+                                raise _LinkLost(host.split("@")[-1])
                         step = min(STEP_S, (size - got) / rate)
                         before = self.now()
                         await self.clock.sleep(step)
@@ -221,6 +251,11 @@ class RsyncTools:
                 xfr += 1
                 if progress2:
                     io.out(line() + "\r")
+        except _LinkLost as lost:
+            io.err(f"Timeout, server {lost.host} not responding.\r\nrsync: connection unexpectedly closed "
+                   f"({moved // 1000} bytes received so far) [sender]\nrsync error: unexplained error (code 255) "
+                   f"at io.c(232) [sender={VERSION}]\n")
+            return 255
         finally:
             if moved < wire:
                 for r in ramps:
