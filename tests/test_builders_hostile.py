@@ -26,7 +26,6 @@ import pytest
 
 from sparkconsole import remote as R
 from sparkconsole.config import parse_config
-from sparkconsole.deploy.weights import stream_copy
 from sparkconsole.errors import ConfigError, ValidationError
 from sparkconsole.transport.base import command_text
 from sparkconsole.transport.ssh import SshTransport
@@ -108,8 +107,8 @@ def _builders() -> dict[str, Callable[[str], R.RemoteCommand]]:
         "sectioned.name": lambda v: R.sectioned([(v, "true")]),
         "and_then": lambda v: R.and_then(R.command("true"), R.command("echo", v)),
         "piped": lambda v: R.piped(R.command("echo", v), R.command("cat")),
-        "stream_copy.download_rc": lambda v: stream_copy(rs, v, every_s=0),
-        "stream_copy.rsync_dest": lambda v: stream_copy(R.rsync_dir(BENIGN_PATH, "root@127.0.0.1", v),
+        "stream_copy.download_rc": lambda v: R.stream_copy(rs, v, every_s=0),
+        "stream_copy.rsync_dest": lambda v: R.stream_copy(R.rsync_dir(BENIGN_PATH, "root@127.0.0.1", v),
                                                         BENIGN_PATH + "/done.rc", 0),
     }
 

@@ -59,6 +59,7 @@ from sparkconsole.remote import (
     rsync_dir,
     serve_in_container,
     ssh_to,
+    stream_copy,
     systemctl_action,
 )
 
@@ -683,7 +684,7 @@ class Weights(Step):
         rsync = rsync_dir(f.model_dir(src), f.user_at(n), f.model_dir(n))
         if not streamed:
             return rsync
-        return W.stream_copy(rsync, JobFiles.under(f.job_dir(src), "weights-download").rc)
+        return stream_copy(rsync, JobFiles.under(f.job_dir(src), "weights-download").rc)
 
     async def apply(self) -> None:
         f = self.f

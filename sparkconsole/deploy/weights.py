@@ -10,12 +10,7 @@ is exactly the case a size listing catches and a ``du`` does not.
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
-
-from sparkconsole.remote import RemoteCommand, RemoteScript, validate_path
-
-STREAM_EVERY_S = 5  # seconds between two copy passes while the download runs
 
 
 @dataclass(frozen=True)
@@ -115,22 +110,3 @@ def compare(node: str, hub: list[HubFile], sizes: dict[str, int], broken: list[s
             continue
         v.ok += 1
     return v
-
-
-def stream_copy(rsync: RemoteCommand, download_rc: str, every_s: int = STREAM_EVERY_S) -> RemoteScript:
-    """The copy that runs beside the download, as one detached job on the downloading node.
-
-    ``hf download`` writes each file as ``blobs/<sha>.incomplete`` and links it from
-    ``snapshots/<rev>/`` only once it is whole, so an ``rsync -L`` of the snapshot sends finished
-    files only. While the download's exit-code file (``download_rc``) is absent, the copy is run
-    again every ``every_s`` seconds (a pass that finds nothing new costs a file list); once the
-    download has ended with 0, one final pass sends the rest, and the job's exit code is that
-    pass's. A download that failed ends the copy with 1 (``--resume`` starts both again).
-    Built from the quoted ``rsync`` command and constant shell syntax only (remote.py's rule)."""
-    rc = shlex.quote(validate_path(download_rc))
-    cmd = rsync.shell()
-    # one group, so a redirection after it (the job's log) takes every pass's output
-    text = (f"{{ until [ -f {rc} ]; do {cmd} || true; sleep {int(every_s)}; done; "
-            f'[ "$(cat {rc})" = 0 ] && {cmd}; }}')
-    return RemoteScript((), mutating=True, text=text,
-                        summary=f"{rsync.summary}, each file as soon as it is downloaded, then a final pass")
