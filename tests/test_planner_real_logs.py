@@ -147,3 +147,84 @@ def test_ct_int4_qwen35_35b_awq_against_a_real_load_is_inside_the_stated_range()
     assert low < logged < high
     # the bf16 checkpoint would be 65.42 GiB: the log is a 4-bit load
     assert estimate_weights(spec_from_config(cfg, "bf16", "test")).per_rank_gib == pytest.approx(65.42, abs=0.01)
+
+
+# ---------------------------------------------------------------- compressed-tensors NVFP4 (nvfp4-pack-quantized)
+
+
+def redhat_nvfp4(ignore: list[str]) -> dict:
+    """The ``quantization_config`` llm-compressor writes for the recipe printed in the model card of
+    RedHatAI/Qwen3-30B-A3B-NVFP4 ("Creation" section, verbatim copy of the card in the code index):
+    ``QuantizationModifier(ignore=["re:.*lm_head.*"], config_groups={"group_0": {"targets": ["Linear"],
+    "weights": {num_bits 4, type float, strategy tensor_group, group_size 16, symmetric},
+    "input_activations": {num_bits 4, type float, strategy tensor_group, group_size 16, dynamic "local"}}})``.
+    The config.json text itself was not found, so the ignore list is a parameter (see the test)."""
+    return {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": ignore,
+            "config_groups": {"group_0": {"targets": ["Linear"],
+                                          "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                                                      "group_size": 16, "symmetric": True, "dynamic": False},
+                                          "input_activations": {"num_bits": 4, "type": "float",
+                                                                "strategy": "tensor_group", "group_size": 16,
+                                                                "symmetric": True, "dynamic": "local"}}}}
+
+
+def qwen3_30b_a3b(q: dict | None) -> object:
+    cfg = json.loads((FIX / "qwen3-30b-a3b.config.json").read_text())
+    if q is not None:
+        cfg["quantization_config"] = q
+    return spec_from_config(cfg, "RedHatAI/Qwen3-30B-A3B-NVFP4", "test")
+
+
+def test_ct_nvfp4_qwen3_30b_a3b_against_a_real_gb10_load():
+    """Real log (fixtures/quant/qwen3-30b-a3b-nvfp4-gb10-v0.12.0.log, vllm-project/vllm#30855): vLLM 0.12.0
+    on a Dell Pro Max GB10, RedHatAI/Qwen3-30B-A3B-NVFP4 at TP 1, "Model loading took 16.8589 GiB" (the
+    engine died after the load, at the first kernel launch). Config: the real Qwen3-30B-A3B config.json
+    (the card's base_model; max_position_embeddings 40,960 = the log's "Using max model len 40960").
+
+    NVFP4 as vLLM's compressed-tensors W4A4 scheme holds it: two e2m1 weights per byte (0.5 B), one fp8-e4m3
+    block scale per 16 weights (1/16 B), fp32 global scales per tensor (weight and input, 8 B); the block
+    scales are swizzled to 128 x 4 tiles, and no dimension here needs padding (rows 512..4,096 are
+    multiples of 128, scale columns 128 / 48 / 256 multiples of 4). 0.5625 B per weight:
+    - routed experts: 48 layers x 128 x (1,536 x 2,048 gate_up + 2,048 x 768 down) = 28,991,029,248
+      weights -> 16,307,453,952 B + 48 x 384 x 8 B global scales = 16,307,601,408 B;
+    - attention: 48 x (q 4,096 + k 512 + v 512 rows x 2,048, o 2,048 x 4,096) = 48 x 18,874,368 weights
+      -> 48 x (10,616,832 + 4 x 8 + the bf16 q/k norms 512) = 509,634,048 B;
+    - bf16, whatever the format: embed_tokens and lm_head 151,936 x 2,048 x 2 B = 622,329,856 B each (lm_head
+      is the recipe's one ignore), router gates 48 x 128 x 2,048 x 2 B = 25,165,824 B, the layer norms 97 x 2,048 x 2 B and the
+      rotary cache 40,960 x 128 x 2 B: 10,883,072 B.
+    Sum 18,097,944,064 B = 16.8550 GiB: 0.023% (4.2 MB) under the log.
+
+    The checkpoint's config.json text was not found, only the recipe (ignore: lm_head; targets: Linear).
+    In the HF model the MoE router ``mlp.gate`` is an nn.Linear, so the checkpoint may hold it in NVFP4,
+    and recent vLLM builds the Qwen3-MoE gate with the quant config; the planner always keeps router
+    gates bf16. Both ends are asserted within 1%: gates bf16 (the planner, 16.8550 GiB) and gates NVFP4
+    (48 x (131,072 + 16,384 + 8) B instead of 25,165,824 B: 16.8382 GiB, -0.12%). Keeping attention bf16
+    as well would give 18.07 GiB (+7.2%), the bf16 model 56.88 GiB: the log is an NVFP4 load of
+    attention and experts."""
+    logged = logged_gib("qwen3-30b-a3b-nvfp4-gb10-v0.12.0.log")
+    assert logged == 16.8589
+    w = estimate_weights(qwen3_30b_a3b(redhat_nvfp4(["lm_head"])))
+    n_exp = 48 * 128 * (2 * 768 * 2048 + 2048 * 768)
+    assert w.params["routed experts"] == n_exp == 28_991_029_248
+    assert w.bytes_total["routed experts"] == n_exp * 0.5625 + 48 * 3 * 128 * 8 == 16_307_601_408
+    n_att = 4096 * 2048 + 2 * 512 * 2048 + 2048 * 4096
+    assert w.bytes_total["attention"] == 48 * (n_att * 0.5625 + 4 * 8 + 2 * 128 * 2) == 509_634_048
+    assert w.bytes_total["embeddings"] == w.bytes_total["lm_head"] == 151936 * 2048 * 2
+    gates = 48 * 128 * 2048 * 2
+    assert w.bytes_total["router gates"] == gates
+    assert w.bytes_total["norms"] == 97 * 2048 * 2 + 40960 * 128 * 2
+    assert w.per_rank_bytes == 18_097_944_064
+    assert w.per_rank_gib == pytest.approx(16.8550, abs=0.0001)
+    assert abs(w.per_rank_gib - logged) / logged < 0.0005
+    # the other end: the router gates in NVFP4 too (what the recipe's ignore list alone would write)
+    gate_nvfp4 = 48 * (128 * 2048 // 2 + 128 * (2048 // 16) + 8)
+    low = (w.per_rank_bytes - gates + gate_nvfp4) / GIB
+    assert low == pytest.approx(16.8382, abs=0.0001)
+    for end in (low, w.per_rank_gib):
+        assert abs(end - logged) / logged < 0.01
+    # the ignore regex as the card writes it ("re:.*lm_head.*") leaves the same modules bf16
+    assert estimate_weights(qwen3_30b_a3b(redhat_nvfp4(["re:.*lm_head.*"]))).per_rank_bytes == w.per_rank_bytes
+    # what the log rules out: attention kept bf16 (+7.2%), the bf16 model
+    att_bf16 = estimate_weights(qwen3_30b_a3b(redhat_nvfp4(["lm_head", "re:.*self_attn.*"]))).per_rank_gib
+    assert att_bf16 == pytest.approx(18.068, abs=0.001)
+    assert estimate_weights(qwen3_30b_a3b(None)).per_rank_gib == pytest.approx(56.880, abs=0.001)
