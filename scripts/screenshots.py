@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from sparkconsole.probe import poller  # noqa: E402
 from tests.ui_support import (  # noqa: E402
+    calibration,
     confirm_restart,
     demo_app,
     dense_view,
@@ -49,6 +50,7 @@ SHOTS: list[tuple[str, str, Callable[..., Awaitable[None]]]] = [
     ("confirm-restart", "story", confirm_restart),
     ("weights-loading", "story", weights_loading),
     ("planner", "story", planner),
+    ("calibration", "healthy", calibration),
     ("wizard-decision", "story", wizard_decision),
     ("wizard-weights-loading", "story", wizard_weights_loading),
 ]

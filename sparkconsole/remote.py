@@ -188,6 +188,15 @@ def docker_logs(
     return command(*argv)
 
 
+def docker_log_head(container: str, lines: int = 4000) -> RemoteScript:
+    """The first ``lines`` lines of a container's log, stdout and stderr together: where vLLM
+    printed its settings and memory figures, however long it has served since (a followed log
+    starts at its last 200 lines). ``head`` closing the pipe ends ``docker logs`` early."""
+    cmd = command("docker", "logs", validate_container(container))
+    return RemoteScript((), mutating=False, text=f"{cmd.shell()} 2>&1 | head -n {int(lines)}",
+                        summary=f"the first {int(lines)} lines of {container}'s log")
+
+
 SYSTEMCTL_SHOW_PROPS = ("Id", "LoadState", "ActiveState", "SubState")
 
 

@@ -185,3 +185,36 @@ async def planner(pilot, app) -> None:
     await pilot.pause(0.2)
     await app.workers.wait_for_complete()
     await pilot.pause(0.2)
+
+
+async def calibration(pilot, app) -> None:
+    """The demo head's 122B TP=2 start (the sim's vLLM 0.17 log, tests/test_planner_sim.py) followed
+    from its last lines, and ``c``: the planner beside the log, re-planned at 262,144 tokens."""
+    from sparkconsole.logs.follow import LogLine
+    from sparkconsole.ui.screens.logs import LogScreen
+    from tests.test_planner_sim import _tp2_log
+
+    await started(pilot, app, ticks=2)
+    log = await _tp2_log(65_536)
+
+    async def tail():
+        for line in log.splitlines()[-12:]:
+            yield LogLine(line)
+
+    async def start() -> str:
+        return log
+
+    app.push_screen(LogScreen(app.config.nodes[0].name, "vllm-qwen3.5-122b", tail, start_reader=start))
+    await pilot.pause(0.3)
+    await pilot.press("c")
+    for _ in range(100):
+        await pilot.pause(0.05)
+        if app.screen.__class__.__name__ == "CalibrationScreen" and app.screen.calibration is not None:
+            break
+    app.screen.query_one("#cal-mml").value = "262144"
+    await pilot.press("enter")
+    for _ in range(100):
+        await pilot.pause(0.05)
+        if app.screen.calibration is not None and app.screen.calibration.replan is not None:
+            break
+    await pilot.pause(0.2)

@@ -196,18 +196,9 @@ def _read_log_arg(path: str) -> str:
 
 def render_calibration(cal) -> str:
     """Planner against log, then the calibrated and re-planned verdicts."""
-    width = max(len(r[0]) for r in cal.rows())
-    lines = [f"{'':<{width}}  {'planner':<26}  log", *(f"{a:<{width}}  {b:<26}  {c}" for a, b, c in cal.rows())]
-    if cal.reproduced:
-        lines.append("reproduced exactly: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in cal.reproduced.items()))
-    lines += [f"- {x}" for x in cal.notes]
-    lines.append("")
-    lines.append(f"calibrated (the logged start): {cal.calibrated.reasons[0]}")
-    r = cal.replan or cal.calibrated
-    if cal.replan is not None:
-        lines.append(f"re-planned: {r.reasons[0]}")
-    lines.append(render_text(r, "calibrated from the log"))
-    return "\n".join(lines)
+    from sparkconsole.planner.calibrate import summary_lines
+
+    return "\n".join(summary_lines(cal)) + "\n" + render_text(cal.replan or cal.calibrated, "calibrated from the log")
 
 
 def _run_from_log(args: argparse.Namespace, spec) -> int:

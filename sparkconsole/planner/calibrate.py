@@ -341,3 +341,20 @@ def calibrate(spec: ModelSpec, lg: Logged, base: PlanOptions, change: Mapping[st
     if not math.isclose(total, DEFAULT_NODE_MEMORY_GIB) and lg.total_gib:
         notes.append(f"node memory {lg.total_gib:.2f} GiB as vLLM logged it")
     return Calibration(lg, est, cal, replan, n, reproduced, notes)
+
+
+def summary_lines(cal: Calibration) -> list[str]:
+    """Planner against log side by side, what was reproduced, the notes, and the verdicts of the
+    logged start and of the re-plan, as plain lines: the CLI's ``plan --from-log`` and the
+    console's calibration view print the same words."""
+    rows = cal.rows()
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'':<{width}}  {'planner':<26}  log", *(f"{a:<{width}}  {b:<26}  {c}" for a, b, c in rows)]
+    if cal.reproduced:
+        lines.append("reproduced exactly: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in cal.reproduced.items()))
+    lines += [f"- {x}" for x in cal.notes]
+    lines.append("")
+    lines.append(f"calibrated (the logged start): {cal.calibrated.reasons[0]}")
+    if cal.replan is not None:
+        lines.append(f"re-planned: {cal.replan.reasons[0]}")
+    return lines

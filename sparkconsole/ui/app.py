@@ -32,6 +32,7 @@ from sparkconsole.logs.follow import LogFollower, docker_follow, journal_follow,
 from sparkconsole.probe.alerts import Alert, cluster_alerts
 from sparkconsole.probe.poller import ClusterPoller
 from sparkconsole.probe.state import NodeState, NodeStatus
+from sparkconsole.remote import docker_log_head
 from sparkconsole.services import Debouncer, Service, ServiceController
 from sparkconsole.transport.base import Transport
 from sparkconsole.ui.keymap import APP_BINDINGS
@@ -483,7 +484,12 @@ class SparkConsoleApp(App[int]):
         assert self.poller is not None
         transport = self.poller.pollers[node].transport
         command = docker_follow(service.name) if service.kind == "container" else journal_follow(service.name)
-        self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command)))
+        start = None
+        if service.kind == "container":
+            async def start() -> str:  # the engine's first lines: its settings and memory figures
+                res = await transport.run(docker_log_head(service.name), timeout=30)
+                return res.stdout
+        self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command), start_reader=start))
 
     def open_merged_logs(self, container: str, nodes: list[str]) -> None:
         """One deployment's logs on several nodes (head and workers), interleaved by time."""

@@ -21,7 +21,7 @@ import asyncio
 import bisect
 import contextlib
 import re
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Any
 
 from rich.highlighter import Highlighter
@@ -48,6 +48,8 @@ from sparkconsole.ui.render import thin_scrollbars
 from sparkconsole.ui.screens.live import forward_worker_failure
 
 FollowerFactory = Callable[[], AsyncIterable[FollowEvent]]
+StartReader = Callable[[], Awaitable[str]]
+"""Reads the start of the followed log from the node (its first lines), for the calibration."""
 BATCH_S = 0.05  # lines read within this are drawn together
 YIELD_EVERY = 64  # lines read before the reader lets the keys through
 MARKER_PREFIX = "──── mark "
@@ -189,7 +191,7 @@ class LogScreen(Screen[None]):
     HELP = (
         "A live log. Scroll up to pause following (a badge counts new lines), End to follow again. "
         "/ searches, n/N move between matches, f shows only matching lines, e jumps to the next "
-        "error, m drops a marker line."
+        "error, m drops a marker line. On a vLLM log, c sets the planner beside what this start measured."
     )
 
     DEFAULT_CSS = """
@@ -222,6 +224,8 @@ class LogScreen(Screen[None]):
         Binding("e", "next_error", "Next error", id="logs.error",
                 tooltip="Jump to the next ERROR / Traceback / CUDA out of memory / NCCL WARN line."),
         Binding("m", "marker", "Mark", id="logs.marker", tooltip="Drop a marker line with the time."),
+        Binding("c", "calibrate", "Calibrate", id="logs.calibrate",
+                tooltip="A vLLM log: the planner beside what this start measured, and a re-plan from it."),
         Binding("escape", "close", "Back", id="logs.close", tooltip="Close the search, or the log screen."),
     ]
 
@@ -233,6 +237,7 @@ class LogScreen(Screen[None]):
         *,
         max_lines: int = 5000,
         vllm: bool = True,
+        start_reader: StartReader | None = None,
         name: str | None = None,
         id: str | None = None,
     ) -> None:
@@ -240,6 +245,7 @@ class LogScreen(Screen[None]):
         self.node = node
         self.log_title = title
         self.follower_factory = follower_factory
+        self.start_reader = start_reader
         self.max_lines = max_lines
         self.buffer = LogBuffer(max_lines)
         self.tracker = VllmLogTracker() if vllm else None
@@ -621,6 +627,30 @@ class LogScreen(Screen[None]):
             self.notify("No error lines in the log.", timeout=3)
             return
         self._jump(found)
+
+    def action_calibrate(self) -> None:
+        if self.tracker is None:
+            self.notify("not a vLLM log: nothing to calibrate from", severity="warning")
+            return
+        self._open_calibration()
+
+    @work(exit_on_error=False, group="log-calibrate", exclusive=True)
+    async def _open_calibration(self) -> None:
+        """The start's lines (read from the node when a reader was given: the followed tail may
+        begin long after vLLM printed its memory figures) and the buffer, into the calibration."""
+        from sparkconsole.ui.screens.calibration import CalibrationScreen
+
+        head = ""
+        if self.start_reader is not None:
+            try:
+                head = await self.start_reader()
+            except Exception as exc:  # the buffer alone still calibrates when it holds the start
+                self.notify(f"could not read the start of the log: {exc}", severity="warning")
+        from sparkconsole.ui.screens.planner import app_live_memory
+
+        text = head + "\n" + "\n".join(ln.text for ln in self.buffer.lines if ln.kind == "line")
+        live = app_live_memory(self.app)
+        self.app.push_screen(CalibrationScreen(self.node, text, live.gib if live is not None else None))
 
     def action_marker(self) -> None:
         line = self.buffer.add_marker()

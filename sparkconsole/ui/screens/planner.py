@@ -38,6 +38,23 @@ from sparkconsole.planner import budget as bud
 from sparkconsole.planner.live import LiveMemory, memory_from_states
 from sparkconsole.planner.plan import PlanOptions, compare_tp, plan
 
+
+def app_live_memory(app: object) -> LiveMemory | None:
+    """The app's live samples as node memory (the smallest MemTotal), when it has any (read
+    defensively: a screen pushed on a bare app has none)."""
+    states_fn = getattr(app, "states", None)
+    if not callable(states_fn):
+        return None
+    try:
+        states = list(states_fn() or [])
+    except Exception:
+        return None
+    if not states:
+        return None
+    live = memory_from_states(states)
+    return live if live.gib is not None else None
+
+
 DEFAULT_MODEL = "Qwen/Qwen3.5-122B-A10B-FP8"
 MIB = float(1 << 20)
 
@@ -209,18 +226,7 @@ class PlannerScreen(Screen[None]):
         return model, n, options
 
     def live_memory(self) -> LiveMemory | None:
-        """The app's live samples as node memory, when it has any (read defensively)."""
-        states_fn = getattr(self.app, "states", None)
-        if not callable(states_fn):
-            return None
-        try:
-            states = list(states_fn() or [])
-        except Exception:
-            return None
-        if not states:
-            return None
-        live = memory_from_states(states)
-        return live if live.gib is not None else None
+        return app_live_memory(self.app)
 
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
