@@ -17,7 +17,7 @@ from textual.widgets import Input, Static
 
 from sparkconsole.errors import UserError
 from sparkconsole.ui.screens.calibration import CalibrationScreen, parse_change
-from sparkconsole.ui.screens.logs import LogScreen
+from sparkconsole.ui.screens.logs import LogScreen, report_lines
 from tests.test_logs_ui import FakeFollower, until
 from tests.test_planner_sim import _tp2_log
 from tests.ui_support import Host
@@ -47,6 +47,11 @@ async def test_c_on_a_followed_vllm_log_shows_planner_beside_log_and_reproduces_
     async with host.run_test(size=(130, 45)) as pilot:
         follower.lines(last)  # only the tail: no memory figure in view
         await until(pilot, lambda: len(host.screen.buffer) >= len(last))
+        # the start read once on mount tells the panel what the tail cannot: version, load, KV
+        await until(pilot, lambda: host.screen.tracker.report.vllm_version is not None)
+        panel = report_lines(host.screen.tracker.report)
+        assert panel["head"].startswith("vLLM 0.17.0") and panel["head"].endswith("READY")
+        assert "737,792 tokens" in panel["facts"]
         await pilot.press("c")
         await until(pilot, lambda: isinstance(host.screen, CalibrationScreen))
         await until(pilot, lambda: "planner" in _body(host))

@@ -110,7 +110,8 @@ class CalibrationScreen(ModalScreen[None]):
         lg = self.logged
         if not lg.model:
             raise UserError("the log does not name the model yet (vLLM prints it in its first lines)")
-        spec = load_spec(lg.model, offline=False)
+        # the demo's simulated nodes run models nobody fetches: bundled or cached specs only there
+        spec = load_spec(lg.model, offline=getattr(self.app, "demo", None) is not None)
         base = PlanOptions(node_memory_gib=self.node_memory_gib, vllm_version=lg.vllm_version)
         if lg.tp and change.get("tp") == lg.tp and len(change) == 1:
             change = {}

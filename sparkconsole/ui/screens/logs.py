@@ -295,6 +295,24 @@ class LogScreen(Screen[None]):
         self.watch(self.log_view, "scroll_y", self._on_scroll, init=False)
         self._update_status()
         self.follow_worker = self._follow()
+        self._start_text: str | None = None
+        if self.start_reader is not None and self.tracker is not None:
+            self._read_start()
+
+    @work(exit_on_error=False, group="log-start")
+    async def _read_start(self) -> None:
+        """The engine's first lines, read once: the panel knows the version, the model, the load
+        and the KV cache of an engine whose followed tail began long after it printed them."""
+        assert self.start_reader is not None and self.tracker is not None
+        try:
+            text = await self.start_reader()
+        except Exception:  # the tail alone still follows; the calibration says what it lacks
+            return
+        self._start_text = text
+        if self.tracker.report.state in ("unknown", "starting"):
+            for line in text.splitlines():
+                self.tracker.feed(line)
+            self._schedule_panel()
 
     def on_unmount(self) -> None:
         self.workers.cancel_node(self)
@@ -640,8 +658,8 @@ class LogScreen(Screen[None]):
         begin long after vLLM printed its memory figures) and the buffer, into the calibration."""
         from sparkconsole.ui.screens.calibration import CalibrationScreen
 
-        head = ""
-        if self.start_reader is not None:
+        head = self._start_text or ""
+        if not head and self.start_reader is not None:
             try:
                 head = await self.start_reader()
             except Exception as exc:  # the buffer alone still calibrates when it holds the start
