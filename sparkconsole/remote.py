@@ -501,3 +501,18 @@ def serve_in_container(container: str, argv: list[str], log_path: str,
     inner = "exec " + " ".join(shlex.quote(a) for a in argv) + f" > {shlex.quote(validate_path(log_path))} 2>&1"
     return docker_exec(container, ["sh", "-c", inner], detach=True, env=env, mutating=True,
                        summary=f"start {' '.join(argv[:2])} in {container}")
+
+
+# What ``docker_state`` prints per container: ``/NAME {"Status":…,"OOMKilled":…,"ExitCode":…,…}``
+# (the State object as docker's ``json`` template function writes it; parsed by deploy/exits.py).
+DOCKER_STATE_FORMAT = "{{.Name}} {{json .State}}"
+
+
+def docker_state(*names: str) -> RemoteCommand:
+    """``docker inspect -f '{{.Name}} {{json .State}}' NAME…``: every named container's state in one
+    read-only command (status, exit code, whether the kernel's OOM killer ended it, when). A name
+    with no container is ``Error: No such object: NAME`` on stderr and exit 1; the others still print."""
+    if not names:
+        raise ValidationError("docker inspect needs at least one container")
+    valid = [validate_container(n) for n in names]
+    return command("docker", "inspect", "-f", DOCKER_STATE_FORMAT, *valid)

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkconsole.deploy import engines, freeing, netenv
+from sparkconsole.deploy import engines, exits, freeing, netenv
 from sparkconsole.deploy import weights as W
 from sparkconsole.deploy.calibrate import from_log as serve_calibration
 from sparkconsole.deploy.decisions import Decision, Option
@@ -45,6 +45,7 @@ from sparkconsole.remote import (
     docker_pull,
     docker_rm_force,
     docker_run,
+    docker_state,
     drop_caches,
     file_from,
     hf_download,
@@ -1130,6 +1131,7 @@ class Cluster(Step):
 
 class Serve(Step):
     id, title = "serve", "Start the engine and follow it to ready"
+    STATE_EVERY_POLLS = 3  # the engine's containers are read at least this often while the log moves
 
     def _vllm_args(self) -> list[str]:
         f = self.f
@@ -1217,7 +1219,10 @@ class Serve(Step):
         last_change = time.monotonic()
         deadline = time.monotonic() + self.r.settings.serve_timeout_s / self.r.settings.speed
         in_container = f.engine == "sglang" or f.executor in ("native", "single")
-        while True:
+        polls = quiet = 0
+
+        async def read_log() -> str:
+            nonlocal offset, last_change
             if in_container:
                 res = await self.r.read(f.head, command("docker", "logs", f.container(
                     "sglang" if f.engine == "sglang" else "vllm")), quiet=True)
@@ -1234,6 +1239,12 @@ class Serve(Step):
                     tracker.feed(line)
                     if line.strip():
                         self.r.emit_output(f.head, line)
+            return text
+
+        while True:
+            text = await read_log()
+            polls += 1
+            quiet = 0 if text else quiet + 1
             rep = tracker.report
             if rep.shards_total:
                 self.r.progress(f.head, "weights", rep.shard_fraction,
@@ -1247,6 +1258,22 @@ class Serve(Step):
                 self._calibrate()
                 await self._failed(rep)
                 return
+            # the engine's containers: read when the log was quiet for a poll, and every few polls
+            # (a worker's container can die while the head's log still moves)
+            if quiet or polls % self.STATE_EVERY_POLLS == 0:
+                death = await self._dead_container(tracker.report)
+                if death is not None and death.kind not in exits.CONTAINER_KINDS:
+                    await read_log()  # an ordinary exit: its last lines may name the cause
+                    death = exits.classify(death.node, self._states[(death.node, death.container)], tracker.report,
+                                           self._plan_figures())
+                if death is not None:
+                    quiet_s = (time.monotonic() - last_change) * self.r.settings.speed
+                    self.r.note(f"{death.what}; the log had been quiet for {quiet_s:.0f} s", "error", death.node)
+                    self._calibrate()
+                    rep = tracker.report
+                    from_log = rep.state == "failed" and death.kind not in exits.CONTAINER_KINDS
+                    await self._failed(rep, None if from_log else death)
+                    return
             idle = (time.monotonic() - last_change) * self.r.settings.speed
             if idle > self.r.settings.hang_after_s:
                 await self._hung(idle)
@@ -1255,6 +1282,44 @@ class Serve(Step):
                 await self._timeout()
                 return
             await asyncio.sleep(self.r.settings.poll_s)
+
+    def _engine_containers(self) -> dict[str, list[str]]:
+        """The containers this deployment starts for the engine, by node (their names carry the
+        deployment's id): the Ray head and workers (vLLM runs in the head's), else one vLLM or SGLang
+        container per node of the start (one on the head for a single-node start)."""
+        f = self.f
+        if f.engine == "sglang":
+            return {n: [f.container("sglang")] for n in f.nodes}
+        if f.executor == "single":
+            return {f.head: [f.container("vllm")]}
+        return {n: [f.container("ray" if f.executor == "ray" else "vllm")] for n in f.nodes}
+
+    def _plan_figures(self) -> dict[str, Any]:
+        need = (self.f.get("need") or {}).get(self.f.head)
+        return {"tp": self.f.get("tp"), "gmu": self.f.get("gmu"), "max_model_len": self.f.get("max_model_len"),
+                "need_gib": need / GIB if need else None}
+
+    async def _dead_container(self, rep: Any) -> exits.ContainerDeath | None:
+        """One ``docker inspect`` per node (at once) of the engine's containers; the first dead one
+        (the head's first), classified with what the log says the engine was doing. A node that does
+        not answer says nothing: unknown is not dead."""
+        names = self._engine_containers()
+
+        async def one(n: str) -> dict[str, exits.ContainerState]:
+            res = await self.r.read(n, docker_state(*names[n]), timeout=30, quiet=True)
+            if res.exit_status is None:
+                return {}
+            return exits.parse_states(res.stdout, res.stderr, names[n])
+
+        got = await self.r.on_all(list(names), one)
+        self._states = {(n, name): st for n, states in zip(names, got, strict=True) for name, st in states.items()}
+        for n, states in zip(names, got, strict=True):
+            for name in names[n]:
+                st = states.get(name)
+                death = exits.classify(n, st, rep, self._plan_figures()) if st is not None else None
+                if death is not None:
+                    return death
+        return None
 
     def _calibrate(self) -> None:
         """Plan notes from the start's own figures (deploy/calibrate.py); kept for a re-plan."""
@@ -1273,32 +1338,47 @@ class Serve(Step):
         if cal.longest_len:
             self.f.put("calibrated_longest_len", cal.longest_len)
 
-    async def _failed(self, rep: Any) -> None:
-        kind = rep.failure_kind or "other"
-        back = {"oom": "plan", "unsupported_architecture": "engine", "nccl": "network", "ray": "cluster"}.get(kind)
-        proof = rep.failure_line or ""
+    async def _failed(self, rep: Any, death: exits.ContainerDeath | None = None) -> None:
+        """A failed start, read from the log (``rep``) or from a dead container (``death``: killed,
+        OOM-killed, crashed or removed while the log said nothing)."""
+        kind = death.kind if death is not None else (rep.failure_kind or "other")
+        back = {"oom": "plan", "unsupported_architecture": "engine", "nccl": "network", "ray": "cluster",
+                "segfault": "engine"}.get(kind)
+        proof = death.what if death is not None else rep.failure_line or ""
+        advice = death.advice if death is not None else rep.advice or ""
         options = []
         layout_fits = bool(self.f.get("plan_fits", True))
+        if death is not None and kind in ("killed", "removed", "exited"):
+            options.append(Option("again", "start again", "the engine's containers started afresh ("
+                                  + ("the Ray cluster formed again, then vLLM" if self.f.executor == "ray"
+                                     else "the same command") + "): nothing in the log says the start was wrong"))
         if kind == "oom" and not layout_fits:
             options.append(Option("back-plan", "back to the plan: this layout does not fit",
                                   f"TP={self.f.get('tp')} was chosen against the plan's verdict; choose again"))
         elif kind == "oom":
             options.append(Option("shorter", "a shorter context and less memory", "--max-model-len halved, "
                                   "gmu 0.80: more room for the weights' peak"))
+        if kind == "killed":
+            options.append(Option("back-plan", "back to the plan: less memory per node", "if earlyoom or "
+                                  "systemd-oomd killed it, the node was short of memory: choose a layout with room"))
         if back and all(o.value != f"back-{back}" for o in options):
-            options.append(Option(f"back-{back}", f"back to the {back} step", rep.advice or ""))
+            options.append(Option(f"back-{back}", f"back to the {back} step", advice))
         options.append(Option("stop", "stop here", "read the log and decide by hand"))
         seen = list(self.f.get("failures") or [])
         again = kind in seen  # the same failure twice: going back once more would not help
         rec = "stop" if again else options[0].value
         self.f.put("failures", [*seen, kind])
-        d = Decision("serve.failure", self.id, f"The engine failed to start ({kind})",
-                     (proof[:300], rep.advice or ""), tuple(options), rec,
+        measured = (proof[:300], advice) if death is None else (proof[:300], f"the log: {death.during}", advice)
+        title = (f"The engine failed to start ({kind})" if death is None or "ready" not in death.during
+                 else f"The engine stopped after it was ready ({kind})")
+        d = Decision("serve.failure", self.id, title, measured, tuple(options), rec,
                      (f"the same {kind} failure again: going back once more would not help" if again
-                      else rep.advice or f"the log shows a {kind} failure"))
+                      else advice or f"the log shows a {kind} failure"))
         answer = await self.r.decide(d)
         self.r.forget("serve.failure")
         await self._remove_started()
+        if answer == "again":
+            await self._start_again(kind)
         if answer == "shorter":
             halved = max(4096, int(self.f.get("max_model_len") or 65536) // 2)
             measured = self.f.get("calibrated_longest_len")
@@ -1310,7 +1390,19 @@ class Serve(Step):
             self.r.forget({"engine": "engine.image", "plan": "plan.layout", "cluster": "cluster.executor",
                            "network": "network.mtu"}.get(target, ""))
             raise GoTo(target, f"{kind} failure")
-        raise StepFailed(f"the engine failed ({kind}): {proof[:200]}", rep.advice or "read the log")
+        raise StepFailed(f"the engine failed ({kind}): {proof[:200]}", advice or "read the log")
+
+    async def _start_again(self, kind: str) -> None:
+        """After a container was killed or removed: over Ray, every Ray container of this deployment
+        goes (a Ray worker whose head died does not rejoin a new one) and the cluster step forms it
+        again; else the serve step starts its containers again."""
+        if self.f.executor == "ray" and self.f.engine == "vllm":
+            for s in [s for s in self.r.state.started if s.name == self.f.container("ray")]:
+                await self.r.change(s.node, docker_rm_force(s.name))
+                self.r.state.started.remove(s)
+            self.r.save()
+            raise GoTo("cluster", f"start again after the engine's container was {kind}")
+        raise GoTo("serve", f"start again after the engine's container was {kind}")
 
     async def _hung(self, idle: float) -> None:
         waits = int(self.f.get("hang_waits") or 0)

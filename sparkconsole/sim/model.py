@@ -430,6 +430,7 @@ class Container:
     mounts: str = ""
     restarts: int = 0
     headless: HeadlessRank | None = None  # a native multi-node vLLM rank > 0
+    oom_killed: bool = False  # its process was ended by the kernel's OOM killer (docker's State.OOMKilled)
 
     def _member_end(self) -> float | None:
         h = self.headless
@@ -601,6 +602,7 @@ class SimNode:
     mtu: dict[str, int] = field(default_factory=dict)  # interface -> MTU where not the default
     gid_v2_index: int = 3  # where the RoCE v2 ::ffff:IPv4 GID sits (3 usually; some kits: 5)
     hf_token: str | None = None  # written to ~/.cache/huggingface/token on nodes logged in to the Hub
+    kmsg: list[LogLine] = field(default_factory=list)  # the kernel's log (OOM kills): journalctl -k, dmesg
 
     def mtu_of(self, iface: Iface) -> int:
         return self.mtu.get(iface.name, iface.mtu)

@@ -16,9 +16,9 @@ wrappers    ``nohup setsid sudo [-n] timeout env nice exec sh|bash [-c SCRIPT | 
 files       ``cat grep head tail [-F] wc ls mkdir rm rmdir touch ln -s mv readlink basename dirname
             find sha256sum du df`` over the node's file system (``/proc``, ``/sys`` virtual)
 sys         ``hostname uname nproc lscpu uptime sleep which free date id whoami nvidia-smi systemctl
-            journalctl ps pgrep pkill``
+            journalctl [-k] dmesg ps pgrep pkill``
 net         ``ibdev2netdev ip ethtool ping ssh ss curl``
-docker      ``docker ps stats images image info version logs stop start restart rm run exec inspect
+docker      ``docker ps stats images image info version logs stop start restart kill rm run exec inspect
             pull save|ssh docker load``; in a container: ``vllm serve``, ``python3 -m ...``, ``python3 -c``
 ray         ``ray start --head|--address, ray status, ray stop``
 hf          ``hf download``, ``hf auth whoami``, ``huggingface-cli download``

@@ -31,6 +31,7 @@ KNOWN_TOOLS = {
     "readlink": "/usr/bin/readlink", "mv": "/usr/bin/mv", "date": "/usr/bin/date", "id": "/usr/bin/id",
     "test": "/usr/bin/test", "[": "/usr/bin/[", "basename": "/usr/bin/basename", "dirname": "/usr/bin/dirname",
     "whoami": "/usr/bin/whoami", "rmdir": "/usr/bin/rmdir", "ibv_devinfo": "/usr/bin/ibv_devinfo",
+    "dmesg": "/usr/bin/dmesg",
 }
 
 LSCPU = """Architecture:                            aarch64

@@ -1,10 +1,11 @@
 """Docker: ``ps``, ``stats``, ``images [--digests]``, ``image inspect``, ``info``, ``version``,
 ``logs [-f] [-t] [--tail N] [--since T]`` (incremental: a follow wake-up reads only the new
-window), ``stop``/``start``/``restart``/``rm [-f]``, ``run`` (every option of a vLLM/Ray/SGLang
+window), ``stop``/``start``/``restart``/``kill [-s SIG]``/``rm [-f]``, ``run`` (every option of a vLLM/Ray/SGLang
 launch parsed as docker does: value options never taken for the image; the image's own
 entrypoint unless ``--entrypoint``), ``exec [-d] [-e K=V] CONTAINER CMD`` (``vllm serve``, the
 api_server module, ``python3 -c`` and ``ray`` run *in* the container; a ``sh -c '... > FILE'``
-writes through the bind mount, here the node's own file system), ``inspect [-f TEMPLATE]``,
+writes through the bind mount, here the node's own file system), ``inspect [-f TEMPLATE]`` (the
+``State`` object as a real engine returns it: ``Status``, ``OOMKilled``, ``ExitCode``, times),
 ``pull`` (internet only) and ``save | ssh HOST docker load``.
 
 What a container runs: ``vllm serve`` / ``python3 -m vllm.entrypoints.openai.api_server``: the
@@ -92,12 +93,34 @@ def _serve_argv(cmd: list[str]) -> list[str] | None:
     return None
 
 
-def _go_fields(fmt: str, fields: dict[str, str]) -> str:
-    """A Go template of ``{{.A.B}}`` / ``{{json .A}}`` placeholders over flat dotted fields."""
+GO_ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def _rfc3339nano(epoch: float) -> str:
+    """Go's ``time.RFC3339Nano`` in UTC, as docker prints times: trailing zeros of the fraction dropped."""
+    whole = int(epoch)
+    frac = f"{min(999_999_999, round((epoch - whole) * 1e9)):09d}".rstrip("0")
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + (f".{frac}" if frac else "") + "Z"
+
+
+def _go_text(val: object) -> str:
+    """A value as Go's template prints it without ``json``: a struct as ``{v1 v2 …}``, bools lower case."""
+    if isinstance(val, bool):
+        return "true" if val else "false"
+    if isinstance(val, dict):
+        return "{" + " ".join(_go_text(v) for v in val.values()) + "}"
+    return str(val)
+
+
+def _go_fields(fmt: str, fields: dict[str, object]) -> str:
+    """A Go template of ``{{.A.B}}`` / ``{{json .A}}`` placeholders over flat dotted fields (a dict
+    value is a struct: ``json`` writes it compact, in its fields' order, as docker's template does)."""
     def sub(m: re.Match[str]) -> str:
         key = m.group(2)
         val = fields.get(key, "<no value>")
-        return json.dumps(val) if m.group(1) else val
+        if m.group(1):
+            return json.dumps(val, separators=(",", ":"), ensure_ascii=False)
+        return _go_text(val)
     return re.sub(r"{{\s*(json\s+)?\.([\w.]+)\s*}}", sub, fmt).replace("\\n", "\n").replace("\\t", "\t")
 
 
@@ -118,6 +141,74 @@ def _since(value: str, epoch0: float, now_epoch: float) -> float | None:
         ts = calendar.timegm(time.strptime(f"{m.group(1)} {hms}", "%Y-%m-%d %H:%M:%S")) + float(m.group(3) or 0)
         return ts - epoch0
     return None
+
+
+_SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "ABRT": 6, "KILL": 9, "USR1": 10, "SEGV": 11, "USR2": 12, "TERM": 15}
+
+
+def _signal_number(sig: str) -> int | None:
+    s = sig.upper().removeprefix("SIG")
+    if s.isdigit():
+        return int(s) if 0 < int(s) < 65 else None
+    return _SIGNALS.get(s)
+
+
+def stop_container(cluster, ct: Container, t: float, code: int, oom_killed: bool = False) -> bool:
+    """End a running container's processes at ``t`` with exit ``code`` (``docker stop``/``kill``/``rm
+    -f``, or the kernel): its engine stops (its lines end, its memory is freed), a native head's
+    ranks hang then die, a headless rank's head sees a lost worker, a Ray member leaves. False when
+    it was not running."""
+    if not ct.running(t):
+        return False
+    ct.stopped = t
+    ct.exit_code = code
+    ct.oom_killed = oom_killed
+    if ct.engine is not None and ct.engine.native:
+        vllm_logs.head_stopped(cluster, ct.engine, t)  # the headless ranks hang, then die
+    elif ct.engine is not None:
+        ct.engine.stop(t)
+    if ct.headless is not None and ct.headless.run is not None:
+        vllm_logs.peer_stopped(cluster, ct.headless.run, ct.node, t)
+    for sub in cluster.containers:  # an engine `docker exec`ed in it (vLLM over Ray in the head's container)
+        if sub.node == ct.node and sub.name == f"{ct.name}#exec" and sub.running(t):
+            sub.stopped, sub.exit_code = t, code
+            if sub.engine is not None:
+                sub.engine.stop(t)
+    _ray_leave_container(cluster, ct)
+    return True
+
+
+def _ray_leave_container(cluster, ct: Container) -> None:
+    ray = cluster.ray
+    if ray is None:
+        return
+    m = ray.members.get(ct.node)
+    if m is not None and m.container == ct.name:
+        del ray.members[ct.node]
+        if m.head:
+            cluster.ray = None
+
+
+def kernel_oom_kill(cluster, node: str, name: str, t: float | None = None) -> Container:
+    """The fault: the kernel's OOM killer ends container ``name`` on ``node`` (its biggest process,
+    the engine), as on a node whose memory ran out while the weights loaded: exit 137, docker's
+    ``OOMKilled`` true, the log stops, and the kernel's report lands in ``journalctl -k`` / ``dmesg``."""
+    t = cluster.now() if t is None else t
+    ct = cluster.container(node, name)
+    if ct is None or not ct.running(t):
+        raise ValueError(f"{node}: no running container {name}")
+    sim_node = cluster.node(node)
+    pid = stable_int(2000, 90000, ct.id, "oompid")
+    rss_kb = max(ct.host_rss, 1) // 1024
+    anon_kb = int(cluster.apps_bytes(node, t) // 1024)  # what the node's processes held when memory ran out
+    sim_node.kmsg.append(LogLine(t, f"oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=docker-{ct.id}"
+                                    f".scope,mems_allowed=0,global_oom,task_memcg=/system.slice/docker-{ct.id}.scope,"
+                                    f"task=python3,pid={pid},uid=0"))
+    sim_node.kmsg.append(LogLine(t, f"Out of memory: Killed process {pid} (python3) total-vm:{anon_kb + 41943040}kB, "
+                                    f"anon-rss:{anon_kb}kB, file-rss:{rss_kb}kB, shmem-rss:0kB, UID:0 "
+                                    f"pgtables:{max(1, anon_kb // 512)}kB oom_score_adj:0"))
+    stop_container(cluster, ct, t, 137, oom_killed=True)
+    return ct
 
 
 class DockerTools:
@@ -308,26 +399,31 @@ class DockerTools:
         return await self._each_container(args, io, stop)
 
     def _stop(self, ct: Container, t: float, code: int) -> None:
-        if ct.running(t):
-            ct.stopped = t
-            ct.exit_code = code
-            if ct.engine is not None and ct.engine.native:
-                vllm_logs.head_stopped(self.cluster, ct.engine, t)  # the headless ranks hang, then die
-            elif ct.engine is not None:
-                ct.engine.stop(t)
-            if ct.headless is not None and ct.headless.run is not None:
-                vllm_logs.peer_stopped(self.cluster, ct.headless.run, ct.node, t)
-            self._ray_leave_container(ct, t)
+        stop_container(self.cluster, ct, t, code)
 
-    def _ray_leave_container(self, ct: Container, t: float) -> None:
-        ray = self.cluster.ray
-        if ray is None:
-            return
-        m = ray.members.get(ct.node)
-        if m is not None and m.container == ct.name:
-            del ray.members[ct.node]
-            if m.head:
-                self.cluster.ray = None
+    async def d_kill(self, args: list[str], io: IO) -> int:
+        """``docker kill [-s SIGNAL] NAME…``: SIGKILL by default (exit 137, ``OOMKilled`` false); the
+        container's processes end at once, its log stops, its memory is freed."""
+        sig = _opt_val(args, "--signal", None) or _opt_val(args, "-s", None) or "KILL"
+        num = _signal_number(sig)
+        if num is None:
+            io.err(f"Error response from daemon: Invalid signal: {sig}\n")
+            return 1
+        rc = 0
+        for name in [a for a in args if not a.startswith("-") and a != sig]:
+            ct = self.cluster.container(self.node_name, name)
+            if ct is None:
+                io.err(f"Error response from daemon: Cannot kill container: {name}: No such container: {name}\n")
+                rc = 1
+                continue
+            if not ct.running(self.now()):
+                io.err(f"Error response from daemon: Cannot kill container: {name}: Container {ct.id} is not "
+                       "running\n")
+                rc = 1
+                continue
+            stop_container(self.cluster, ct, self.now(), 128 + num)
+            io.out(name + "\n")
+        return rc
 
     async def d_start(self, args: list[str], io: IO) -> int:
         async def start(ct: Container) -> None:
@@ -353,6 +449,7 @@ class DockerTools:
         ct.started = t
         ct.stopped = None
         ct.exit_code = None
+        ct.oom_killed = False
         self._launch(ct, t)
 
     async def d_rm(self, args: list[str], io: IO) -> int:
@@ -737,7 +834,7 @@ class DockerTools:
     async def d_inspect(self, args: list[str], io: IO) -> int:
         fmt = _opt_val(args, "--format", None) or _opt_val(args, "-f", None)
         names = [a for a in args if not a.startswith("-") and a != fmt]
-        rc = 0
+        rc = found = 0
         t = self.now()
         for n in names:
             ct = self.cluster.container(self.node_name, n)
@@ -745,26 +842,41 @@ class DockerTools:
                 img = self.cluster.images_on(self.node_name).get(_norm_image(n))
                 if img is not None:
                     rc = max(rc, await self.d_image(["inspect", *(["-f", fmt] if fmt else []), n], io))
+                    found += 1
                     continue
                 io.err(f"Error: No such object: {n}\n")
                 rc = 1
                 continue
-            info = ct.exit_info(t)
-            state = ct.state(t)
-            fields = {"Id": ct.id, "Name": "/" + ct.name, "State.Status": state,
-                      "State.Running": "true" if state == "running" else "false",
-                      "State.ExitCode": str(info[0] if info else 0), "Config.Image": ct.image,
-                      "Image": "sha256:" + (IMAGES[_norm_image(ct.image)].id if _norm_image(ct.image) in IMAGES else ""),
-                      "HostConfig.NetworkMode": ct.network}
+            st = self._state_json(ct, t)
+            fields: dict[str, object] = {
+                "Id": ct.id, "Name": "/" + ct.name, "State": st, "Config.Image": ct.image,
+                "Image": "sha256:" + (IMAGES[_norm_image(ct.image)].id if _norm_image(ct.image) in IMAGES else ""),
+                "HostConfig.NetworkMode": ct.network}
+            fields.update({f"State.{k}": v for k, v in st.items()})
+            found += 1
             if fmt:
                 io.out(_go_fields(fmt, fields) + "\n")
             else:
-                io.out(json.dumps([{"Id": ct.id, "Name": "/" + ct.name,
-                                    "State": {"Status": state, "Running": state == "running",
-                                              "ExitCode": int(fields["State.ExitCode"])},
+                io.out(json.dumps([{"Id": ct.id, "Name": "/" + ct.name, "State": st,
                                     "Config": {"Image": ct.image, "Env": [f"{k}={v}" for k, v in ct.env]},
                                     "HostConfig": {"NetworkMode": ct.network}}], indent=4) + "\n")
+        if fmt and not found:
+            io.out("\n")  # the client prints its (empty) template buffer when no name was found
         return rc
+
+    def _state_json(self, ct: Container, t: float) -> dict[str, object]:
+        """A container's ``State`` as the engine's API returns it, fields in docker's order
+        (``tests/fixtures/docker/docker_inspect_state_20.10.txt``)."""
+        info = ct.exit_info(t)
+        state = ct.state(t)
+        running = state == "running"
+        started = _rfc3339nano(self.clock.epoch(ct.started)) if ct.started is not None and state != "created" \
+            else GO_ZERO_TIME
+        finished = _rfc3339nano(self.clock.epoch(info[1])) if info and state == "exited" else GO_ZERO_TIME
+        return {"Status": state, "Running": running, "Paused": False, "Restarting": False,
+                "OOMKilled": bool(ct.oom_killed and not running), "Dead": False,
+                "Pid": stable_int(1000, 99999, ct.id, ct.started, "pid") if running else 0,
+                "ExitCode": info[0] if info else 0, "Error": "", "StartedAt": started, "FinishedAt": finished}
 
     async def image_copy(self, left: list[str], right: list[str], io: IO) -> int:
         """``docker save IMAGE | ssh [opts] HOST docker load``: the image moves at ``IMAGE_COPY_BPS``; the

@@ -164,8 +164,16 @@ class SysTools:
         return 0
 
     async def c_journalctl(self, argv: list[str], io: IO) -> int:
-        unit = _opt_val(argv, "-u", "")
         n = int(_opt_val(argv, "-n", "10"))
+        if "-k" in argv or "--dmesg" in argv:  # the kernel's messages (the OOM killer's reports)
+            lines = [ln for ln in self.node.kmsg if ln.t <= self.now()]
+            if not lines:
+                io.out("-- No entries --\n")
+            for ln in lines if "-n" not in argv else lines[-n:]:
+                stamp = time.strftime("%b %d %H:%M:%S", time.gmtime(self.clock.epoch(ln.t)))
+                io.out(f"{stamp} {self.node_name} kernel: {ln.text}\n")
+            return 0
+        unit = _opt_val(argv, "-u", "")
         unit = unit.removesuffix(".service")
         stamp = time.strftime("%b %d %H:%M:%S", time.gmtime(self.clock.epoch()))
         lines = [f"{stamp} {self.node_name} systemd[1]: Started {unit}.service."] if unit in self.units else []
@@ -176,6 +184,16 @@ class SysTools:
         if "-f" in argv:
             while True:
                 await self.clock.sleep(3600)
+        return 0
+
+    async def c_dmesg(self, argv: list[str], io: IO) -> int:
+        """``dmesg [-T]``: the kernel's messages, stamped with seconds since boot (``-T``: the date)."""
+        for ln in [ln for ln in self.node.kmsg if ln.t <= self.now()]:
+            if "-T" in argv or "--ctime" in argv:
+                stamp = time.strftime("%a %b %e %H:%M:%S %Y", time.gmtime(self.clock.epoch(ln.t)))
+            else:
+                stamp = f"{self.node.boot_uptime + ln.t:12.6f}"
+            io.out(f"[{stamp}] {ln.text}\n")
         return 0
 
     async def c_sync(self, argv: list[str], io: IO) -> int:
