@@ -293,9 +293,14 @@ class JobFiles:
 def detached(job_dir: str, files: JobFiles, inner: RemoteCommand, summary: str = "") -> RemoteScript:
     """Start ``inner`` detached from the SSH session (``setsid nohup``), its output in ``files.log``
     and its exit code in ``files.rc`` when it ends; prints the job's pid. Losing the laptop's
-    connection loses nothing: the console finds the job again by its files and pid."""
+    connection loses nothing: the console finds the job again by its files and pid.
+
+    The ``&`` puts ``setsid`` alone in the background, not the ``mkdir && rm && setsid`` list: bash
+    runs a backgrounded list in a subshell that keeps the SSH channel's stdout open until the job
+    ends (the start would return only then, the pid unsaved while the job runs) and ``$!`` would
+    be that subshell's pid, not the job's (the lab's console killed mid-copy found no job)."""
     job = f"{inner.shell()} > {shlex.quote(files.log)} 2>&1; echo $? > {shlex.quote(files.rc)}"
-    text = (f"mkdir -p {shlex.quote(validate_path(job_dir))} && rm -f {shlex.quote(files.rc)} && "
+    text = (f"mkdir -p {shlex.quote(validate_path(job_dir))} && rm -f {shlex.quote(files.rc)} || exit 1; "
             f"setsid nohup sh -c {shlex.quote(job)} > /dev/null 2>&1 < /dev/null & echo $!")
     return RemoteScript((), mutating=True, summary=summary or inner.summary, text=text)
 

@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -826,6 +827,25 @@ def _wait_gone(pid: int, timeout: float) -> bool:
     return False
 
 
+def fast_link_bytes(host: LabHost) -> tuple[int, int]:
+    """The bytes the host's kernel counted on its end of the fast link: ``(tx, rx)``."""
+    link = json.loads(host.run("ip", "-s", "-j", "link", "show", FAST_IF).stdout)[0]
+    return int(link["stats64"]["tx"]["bytes"]), int(link["stats64"]["rx"]["bytes"])
+
+
+@contextlib.contextmanager
+def fast_link_limited(host: LabHost, rate: str, burst: str = "64kb") -> Iterator[None]:
+    """What ``host`` sends over the fast link is held to ``rate`` (``tc qdisc … tbf``, e.g.
+    ``"4mbit"``) inside the block; the link's own qdisc is back afterwards, also on an error."""
+    if not re.fullmatch(r"\d+(?:\.\d+)?[kmg]?bit", rate) or not re.fullmatch(r"\d+[kmg]?b?", burst):
+        raise ValueError(f"not a tc rate/burst: {rate!r} {burst!r}")
+    host.run("tc", "qdisc", "add", "dev", FAST_IF, "root", "tbf", "rate", rate, "burst", burst, "latency", "400ms")
+    try:
+        yield
+    finally:
+        host.run("tc", "qdisc", "del", "dev", FAST_IF, "root", check=False)
+
+
 def leftovers(lab: Lab) -> list[str]:
     """What of ``lab`` is still on the machine (for the tests that check cleanup)."""
     out = []
@@ -914,6 +934,8 @@ __all__ = [
     "HubRepo",
     "Lab",
     "LabHost",
+    "fast_link_bytes",
+    "fast_link_limited",
     "leftovers",
     "model_files",
     "ray_image_tag",
