@@ -15,13 +15,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from sparkconsole.deploy.decisions import ScriptedAnswers
-from sparkconsole.deploy.flow import Flow, Options
-from sparkconsole.deploy.runner import Runner, Settings
-from sparkconsole.deploy.session import run_flow
-from sparkconsole.deploy.state import DeploymentState, StateStore
-from sparkconsole.sim import start_demo_cluster
-from sparkconsole.transport import node_transport
+from tests.deploy_support import demo_flow
 
 SPEED = 100.0
 LINK_DOWN_SIM_S = 60.0  # how long the cable stays out in the "wait" case
@@ -46,44 +40,27 @@ class Run:
 async def _link_down_mid_copy(tmp_path, presets: dict[str, str], restore_after: float | None) -> Run:
     """Run the story deployment; set the worker's port down once the copy moves bytes; when the
     decision is offered, put it back ``restore_after`` sim s later (None: never)."""
-    async with start_demo_cluster(scenario="story", speed=SPEED) as demo:
-        clock = demo.sim.clock
-        run = Run(outcome=None, worker=list(demo.sim.nodes)[-1])
-        copying, offered = asyncio.Event(), asyncio.Event()
+    copying, offered = asyncio.Event(), asyncio.Event()
 
-        def emit(e) -> None:
-            run.events.append((clock.now(), e))
-            if e.kind == "progress" and e.label == "copy" and (e.fraction or 0) > 0:
-                copying.set()
-            if e.kind == "decision" and e.id == "weights.link" and run.offered_at is None:
-                run.offered_at = clock.now()
-                offered.set()
+    def watch(e) -> None:
+        if e.kind == "progress" and e.label == "copy" and (e.fraction or 0) > 0:
+            copying.set()
+        if e.kind == "decision" and e.id == "weights.link":
+            offered.set()
 
-        config = demo.config
-        state = DeploymentState.new(Options().model, Options().to_json(), config.name)
-        transports = {n.name: node_transport(config, n) for n in config.nodes}
-        runner = Runner(config=config, state=state, transports=transports,
-                        answer=ScriptedAnswers(presets, auto=True), emit=emit,
-                        store=StateStore(tmp_path / "deployments"),
-                        settings=Settings(poll_s=2.0 / SPEED, speed=SPEED))
-        try:
-            flow = asyncio.ensure_future(run_flow(Flow(runner, Options())))
-            await asyncio.wait({flow, asyncio.ensure_future(copying.wait())}, timeout=120,
-                               return_when=asyncio.FIRST_COMPLETED)
-            assert copying.is_set() and not flow.done(), [e for _t, e in run.events[-5:]]
-            run.down_at = clock.now()
-            demo.sim.nodes[run.worker].port1_up = False  # `ip link set enp1s0f1np1 down`, as the lab does
-            await asyncio.wait({flow, asyncio.ensure_future(offered.wait())}, timeout=120,
-                               return_when=asyncio.FIRST_COMPLETED)
-            assert offered.is_set(), [e for _t, e in run.events[-5:]]
-            if restore_after is not None:
-                await clock.sleep(restore_after)
-                run.up_at = clock.now()
-                demo.sim.nodes[run.worker].port1_up = True  # the cable reseated
-            run.outcome = await asyncio.wait_for(flow, 240)
-        finally:
-            for t in transports.values():
-                await t.close()
+    async with demo_flow(tmp_path, presets, speed=SPEED, on_event=watch) as flow:
+        clock = flow.demo.sim.clock
+        run = Run(outcome=None, events=flow.events, worker=list(flow.demo.sim.nodes)[-1])
+        await flow.until(copying, timeout=120)
+        run.down_at = clock.now()
+        flow.demo.sim.nodes[run.worker].port1_up = False  # `ip link set enp1s0f1np1 down`, as the lab does
+        await flow.until(offered, timeout=120)
+        run.offered_at = next(t for t, e in flow.events if e.kind == "decision" and e.id == "weights.link")
+        if restore_after is not None:
+            await clock.sleep(restore_after)
+            run.up_at = clock.now()
+            flow.demo.sim.nodes[run.worker].port1_up = True  # the cable reseated
+        run.outcome = await asyncio.wait_for(flow.task, 240)
     return run
 
 

@@ -23,17 +23,13 @@ from pathlib import Path
 import pytest
 
 from sparkconsole.deploy import exits
-from sparkconsole.deploy.decisions import ScriptedAnswers
-from sparkconsole.deploy.flow import Flow, Options
-from sparkconsole.deploy.runner import Runner, Settings
-from sparkconsole.deploy.session import run_flow
-from sparkconsole.deploy.state import DeploymentState, StateStore
 from sparkconsole.errors import ValidationError
 from sparkconsole.logs.vllm import VllmLogTracker
 from sparkconsole.remote import command, docker_state
 from sparkconsole.sim import start_demo_cluster
 from sparkconsole.sim.tools.docker import kernel_oom_kill
 from sparkconsole.transport import node_transport
+from tests.deploy_support import demo_flow
 
 SPEED = 100.0
 POLL_SIM_S = 2.0
@@ -176,41 +172,24 @@ async def _serve_fault(tmp_path, fault: str, presets: dict[str, str], on: int = 
     """Run the story's flow (auto) on the demo cluster; when the weights are loading (past 20 %), end
     the Ray container of node ``on`` (0: the head, where vLLM runs) with ``fault``; return what the
     serve step did and when."""
-    async with start_demo_cluster(scenario="story", speed=SPEED) as demo:
-        clock = demo.sim.clock
-        head = list(demo.sim.nodes)[on]
-        events: list = []
-        loading = asyncio.Event()
+    loading = asyncio.Event()
 
-        def emit(e) -> None:
-            events.append((clock.now(), e))
-            if e.kind == "progress" and e.label == "weights" and (e.fraction or 0) > 0.2:
-                loading.set()
+    def watch(e) -> None:
+        if e.kind == "progress" and e.label == "weights" and (e.fraction or 0) > 0.2:
+            loading.set()
 
-        config = demo.config
-        state = DeploymentState.new(Options().model, Options().to_json(), config.name)
-        transports = {n.name: node_transport(config, n) for n in config.nodes}
-        runner = Runner(config=config, state=state, transports=transports,
-                        answer=ScriptedAnswers(presets, auto=True), emit=emit,
-                        store=StateStore(tmp_path / "deployments"),
-                        settings=Settings(poll_s=POLL_SIM_S / SPEED, speed=SPEED))
-        try:
-            flow = Flow(runner, Options())
-            task = asyncio.ensure_future(run_flow(flow))
-            await asyncio.wait({task, asyncio.ensure_future(loading.wait())}, timeout=200,
-                               return_when=asyncio.FIRST_COMPLETED)
-            assert loading.is_set() and not task.done(), [e for _t, e in events[-5:]]
-            name = flow.container("ray")
-            killed_at = clock.now()
-            if fault == "docker kill":
-                res = await transports[head].run(command("docker", "kill", name))  # as the operator would
-                assert res.exit_status == 0 and res.stdout.strip() == name, res.stderr
-            else:
-                kernel_oom_kill(demo.sim, head, name)
-            outcome = await asyncio.wait_for(task, 200)
-        finally:
-            for t in transports.values():
-                await t.close()
+    async with demo_flow(tmp_path, presets, speed=SPEED, poll_sim_s=POLL_SIM_S, on_event=watch) as run:
+        clock, head = run.demo.sim.clock, list(run.demo.sim.nodes)[on]
+        await run.until(loading)
+        name = run.flow.container("ray")
+        killed_at = clock.now()
+        if fault == "docker kill":
+            res = await run.transports[head].run(command("docker", "kill", name))  # as the operator would
+            assert res.exit_status == 0 and res.stdout.strip() == name, res.stderr
+        else:
+            kernel_oom_kill(run.demo.sim, head, name)
+        outcome = await asyncio.wait_for(run.task, 200)
+    events = run.events
     decisions = [(t, e) for t, e in events if e.kind == "decision" and e.id == "serve.failure"]
     asked_t, asked = decisions[0]
     answered = next(e for _t, e in decisions if e.answer is not None)

@@ -1,0 +1,70 @@
+"""The wizard on the demo cluster, as ``sparkconsole deploy --auto`` drives it (Flow + Runner
+against ``sparkconsole.sim`` over real SSH), for the fault tests: one place that builds the
+runner, records every event with its sim time, and closes the node connections."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkconsole.deploy.decisions import ScriptedAnswers
+from sparkconsole.deploy.flow import Flow, Options
+from sparkconsole.deploy.runner import Runner, Settings
+from sparkconsole.deploy.session import run_flow
+from sparkconsole.deploy.state import DeploymentState, StateStore
+from sparkconsole.sim import start_demo_cluster
+from sparkconsole.transport import node_transport
+
+
+@dataclass
+class DemoFlow:
+    demo: Any                       # the running demo cluster (``demo.sim`` is the model)
+    flow: Flow
+    transports: dict[str, Any]
+    task: asyncio.Future
+    events: list[tuple[float, Any]] = field(default_factory=list)
+
+    def now(self) -> float:
+        return self.demo.sim.clock.now()
+
+    async def until(self, event: asyncio.Event, timeout: float = 200.0) -> None:
+        """Wait for ``event`` while the flow runs; the flow must not have ended first."""
+        await asyncio.wait({self.task, asyncio.ensure_future(event.wait())}, timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+        assert event.is_set() and not self.task.done(), [e for _t, e in self.events[-5:]]
+
+
+@asynccontextmanager
+async def demo_flow(tmp_path: Path, presets: dict[str, str], *, speed: float, poll_sim_s: float = 2.0,
+                    scenario: str = "story", on_event: Callable[[Any], None] | None = None
+                    ) -> AsyncIterator[DemoFlow]:
+    """Start the demo cluster and the whole deployment (``--auto`` plus ``presets``) in a task."""
+    async with start_demo_cluster(scenario=scenario, speed=speed) as demo:
+        run: DemoFlow | None = None
+
+        def emit(e: Any) -> None:
+            assert run is not None
+            run.events.append((demo.sim.clock.now(), e))
+            if on_event is not None:
+                on_event(e)
+
+        config = demo.config
+        state = DeploymentState.new(Options().model, Options().to_json(), config.name)
+        transports = {n.name: node_transport(config, n) for n in config.nodes}
+        runner = Runner(config=config, state=state, transports=transports,
+                        answer=ScriptedAnswers(presets, auto=True), emit=emit,
+                        store=StateStore(tmp_path / "deployments"),
+                        settings=Settings(poll_s=poll_sim_s / speed, speed=speed))
+        flow = Flow(runner, Options())
+        run = DemoFlow(demo, flow, transports, asyncio.ensure_future(run_flow(flow)))
+        try:
+            yield run
+        finally:
+            run.task.cancel()
+            await asyncio.gather(run.task, return_exceptions=True)
+            for t in transports.values():
+                await t.close()
