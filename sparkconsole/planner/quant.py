@@ -83,6 +83,10 @@ FP8_TENSOR = Scheme("fp8-tensor", 8, tensor_bytes=8)            # weight_scale +
 FP8_CHANNEL = Scheme("fp8-channel", 8, channel_scale_bytes=4)   # fp32 per output channel
 NVFP4 = Scheme("nvfp4", 4, group=16, group_scale_bytes=1, tensor_bytes=8, swizzle=True)
 MXFP4 = Scheme("mxfp4", 4, group=32, group_scale_bytes=1, bias_bytes=2)
+# vLLM's mxfp4.py, Marlin backend: "the moe marlin kernel requires ... n % 256 == 0 and k % 128 == 0",
+# so the experts are created padded (hidden to 256, intermediate to 128). It is the backend vLLM picks
+# on a GB10 (SM121 falls through the SM90/SM100 FlashInfer and Triton paths) and on pre-Hopper GPUs.
+MARLIN_MXFP4_PAD = (256, 128)
 
 
 def fp8_block(block: tuple[int, int]) -> Scheme:
@@ -134,6 +138,7 @@ class QuantFormat:
     rules: tuple[tuple[str, str, Scheme | None], ...] = ()  # (match kind, pattern, scheme), first wins
     skip: tuple[tuple[str, str], ...] = ()        # (match kind, pattern): unquantised
     only_experts: bool = False                    # mxfp4: experts only
+    expert_pad: tuple[int, int] | None = None     # routed experts' (hidden, intermediate) padded to multiples
     only_under: tuple[str, ...] = ()              # AutoRound block_name_to_quantize
     source: str = ""
     notes: tuple[str, ...] = field(default=())
@@ -350,8 +355,12 @@ def parse_format(q: Mapping[str, Any], where: str = "config.json") -> QuantForma
         return _compressed_tensors(q, where)
     if method == "mxfp4":
         return QuantFormat("mxfp4", "MXFP4 experts", MXFP4, only_experts=True, source="mxfp4.py",
+                           expert_pad=MARLIN_MXFP4_PAD,
                            notes=("mxfp4: vLLM quantises only the MoE experts (attention, router, embeddings "
-                                  "bf16); kernels that pad the expert dims (to 128/256) load up to ~7% more",))
+                                  "bf16); on a GB10 (SM121), as on GPUs without FP4, it takes the Marlin MoE path, "
+                                  "which pads each expert's hidden size to a multiple of 256 and its intermediate "
+                                  "size to 128 (counted: gpt-oss 2,880 -> 3,072 / 2,944, about 7% more; an image built with "
+                                  "the CUTLASS MXFP4 path loads the checkpoint as stored)",))
     if method in ("gptq", "gptq-marlin"):
         return _gptq_like(q, "gptq", where)
     if method in ("awq", "awq-marlin"):

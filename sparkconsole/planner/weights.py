@@ -336,7 +336,14 @@ def _part_bytes(part: Part, geo: Geometry, quant: Quant | None) -> tuple[float, 
         scheme = quant.fmt.scheme_for(checkpoint_names(part, geo), part.kind, part.module)
         if scheme is None:
             return float(part.numel * base), False
-        return part.count * scheme.bytes(part.rows, part.cols), True
+        rows, cols = part.rows, part.cols
+        if quant.fmt.expert_pad and part.module == "routed experts":
+            # the kernel's layout: hidden and intermediate rounded up (down_proj is hidden x intermediate)
+            ph, pi = quant.fmt.expert_pad
+            hidden_rows = part.name.endswith("down_proj")
+            rows = -(-rows // (ph if hidden_rows else pi)) * (ph if hidden_rows else pi)
+            cols = -(-cols // (pi if hidden_rows else ph)) * (pi if hidden_rows else ph)
+        return part.count * scheme.bytes(rows, cols), True
     if quant is None or part.kind != "linear" or _kept(part.name, quant.keep_bf16):
         return float(part.numel * base), False
     r, c, n = part.rows, part.cols, part.count
