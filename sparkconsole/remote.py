@@ -476,10 +476,6 @@ def docker_exec(container: str, argv: list[str], *, detach: bool = False,
     return command(*out, mutating=mutating, summary=summary)
 
 
-def container_state(name: str) -> RemoteCommand:
-    return command("docker", "inspect", "-f", "{{.State.Status}}", validate_container(name))
-
-
 def docker_rm_force(*names: str) -> RemoteCommand:
     valid = [validate_container(n) for n in names]
     return command("docker", "rm", "-f", *valid, mutating=True, summary=f"remove {' '.join(valid)}")

@@ -87,7 +87,7 @@ def _builders() -> dict[str, Callable[[str], R.RemoteCommand]]:
         "docker_exec.argv": lambda v: R.docker_exec("c1", ["sh", "-c", "echo \"$0\"", v]),
         "docker_exec.env_value": lambda v: R.docker_exec("c1", ["true"], env=[("VLLM_HOST_IP", v)]),
         "docker_exec.env_key": lambda v: R.docker_exec("c1", ["true"], env=[(v, "1")]),
-        "container_state.name": lambda v: R.container_state(v),
+        "docker_state.name": lambda v: R.docker_state(v),
         "docker_rm_force.name": lambda v: R.docker_rm_force("c1", v),
         "http_get.url": lambda v: R.http_get(v),
         "http_post_json.url": lambda v: R.http_post_json(v, "{}"),

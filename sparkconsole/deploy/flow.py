@@ -39,7 +39,6 @@ from sparkconsole.remote import (
     JobFiles,
     RemoteCommand,
     command,
-    container_state,
     docker_action,
     docker_exec,
     docker_pull,
@@ -71,9 +70,9 @@ STEP_IDS = ("recon", "plan", "engine", "network", "weights", "images", "free-mem
 RAY_PORT = 6379
 API_PORT = 8000
 LAUNCH_MARGIN = 1 * GIB  # free memory kept above vLLM's start-up check
-RECON_TIMEOUT_S = 20.0
+RECON_TIMEOUT_S = 20.0  # a node that does not answer its recon within this is named unreachable
 LINK_WAIT_S = 900.0  # how long the weights step waits for a fast link that went down mid-copy
-LINK_RETRIES = 3  # copy passes started again after the link came back  # a node that does not answer its recon within this is named unreachable
+LINK_RETRIES = 3  # copy passes started again after the link came back
 
 
 @dataclass
@@ -181,6 +180,14 @@ class Flow:
 
     def env(self, node: str) -> list[tuple[str, str]]:
         return netenv.node_env(self.fact(node), self.ip(self.head))
+
+    async def inspect(self, node: str, name: str) -> exits.ContainerState | None:
+        """One container's state on ``node`` (``docker inspect``, read-only); ``missing`` when docker
+        knows no such container, None when the node or docker did not answer."""
+        res = await self.r.read(node, docker_state(name), timeout=30, quiet=True)
+        if res.exit_status is None:
+            return None
+        return exits.parse_states(res.stdout, res.stderr, [name]).get(name)
 
     async def serving(self) -> bool:
         """The head already answers /v1/models with this deployment's served name."""
@@ -713,6 +720,7 @@ class Weights(Step):
             await self.r.change(n, mkdir_p(f.model_dir(n)), key=f"mkdir weights {n}")
             copies[n] = await self.r.start_job(src, f"weights-copy-{n}", self._copy_cmd(src, n, download is not None),
                                                f.job_dir(src))
+        self._link_lock, self._link_back = asyncio.Lock(), set()
         copying = {n: asyncio.ensure_future(self.r.wait_job(job, lambda text, n=n: self._copy_progress(n, text)))
                    for n, job in copies.items()}
         self._copy_errors: dict[str, str] = {}
@@ -739,7 +747,7 @@ class Weights(Step):
             for n in copying:
                 rc = await copying[n]
                 for _again in range(LINK_RETRIES):
-                    if rc == 0 or not await self._link_check(n):
+                    if rc == 0 or not await self._link_check(n, ended=True):
                         break
                     # the link was down and is back: the copy starts again where it stopped (--partial)
                     job = await self.r.start_job(src, f"weights-copy-{n}", self._copy_cmd(src, n, False),
@@ -756,16 +764,27 @@ class Weights(Step):
                 task.cancel()  # a failure above: what runs on the nodes goes on (--resume re-attaches)
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _link_check(self, n: str) -> bool:
-        """A copy to ``n`` failed (or one of its passes did): read the nodes again. With the fast
-        link fine, False (the failure was something else). When it went down (or lost its
-        address) the operator decides: wait for it (the download goes on; the copy resumes where
-        it stopped once the port is Up: True), or stop, which sends the flow back to the network
-        step, where the fix is said."""
-        problems = await self._link_problems()
-        if not problems:
-            return False
-        p = problems[0]
+    async def _link_check(self, n: str, ended: bool = False) -> bool:
+        """A copy to ``n`` failed (``ended``: the job itself; else one of its passes): read the nodes
+        again. With the fast link fine, False (the failure was something else), unless the link
+        went down and came back while the job ran (then an ended copy is started again: True).
+        When it is down the operator decides: wait for it (the download goes on; the copy resumes
+        where it stopped once the port is Up: True), or stop, which sends the flow back to the
+        network step, where the fix is said. One check at a time: the hashing loop and the end of
+        a copy can see the same outage."""
+        async with self._link_lock:
+            problems = await self._link_problems()
+            if problems:
+                await self._offer_to_wait(n, problems[0])
+                self._link_back.add(n)
+            if ended and n in self._link_back:
+                self._link_back.discard(n)
+                return True
+            return bool(problems)
+
+    async def _offer_to_wait(self, n: str, p: netenv.Problem) -> None:
+        """The decision ``weights.link``: wait for the link (then the copy to ``n`` goes on), or stop
+        (back to the network step, which says the fix)."""
         what = f"{(p.node + ': ') if p.node else ''}{p.what}"
         self.r.note(f"the copy to {n} failed: {what}", "error", node=n)
         src = self._source() or self.f.head
@@ -783,7 +802,7 @@ class Weights(Step):
         if answer == "stop":
             raise GoTo("network", f"the fast link changed during the copy to {n}: {p.what}")
         await self._wait_for_link(n, p.what)
-        return True
+        self._link_back.add(n)
 
     async def _link_problems(self) -> list[netenv.Problem]:
         facts = await self.f.recon(self.f.nodes)
@@ -1090,14 +1109,14 @@ class Cluster(Step):
         for n in f.nodes:
             # the name carries this deployment's id: a container of that name is ours (a run killed
             # between `docker run` and saving the state left it unrecorded)
-            st = await self.r.read(n, container_state(name), timeout=30)
+            st = await self.f.inspect(n, name)
             ours = any(s.node == n and s.name == name for s in self.r.state.started)
-            if st.ok and st.stdout.strip() == "running":
+            if st is not None and st.status == "running":
                 if not ours:
                     self.r.state.started.append(Started(n, "container", name))
                     self.r.save()
                 continue
-            if st.ok:
+            if st is not None and not st.missing:
                 await self.r.change(n, docker_rm_force(name))
             res = await self.r.change(n, self._ray_cmd(n), timeout=300)
             if not res.ok:
@@ -1541,10 +1560,10 @@ class Teardown:
                 await asyncio.sleep(20 / r.settings.speed)  # a vLLM start fails its memory check within seconds
                 for item in self.restored:
                     n, name = item.split(":", 1)
-                    st = await r.read(n, container_state(name), timeout=30)
-                    if st.ok and st.stdout.strip() != "running":
+                    st = await self.flow.inspect(n, name)
+                    if st is not None and st.status != "running":
                         self.failed.append(item)
-                        r.note(f"{name} did not stay up after its start ({st.stdout.strip()}): read its log "
+                        r.note(f"{name} did not stay up after its start ({st.status or 'gone'}): read its log "
                                f"(docker logs {name})", "error", node=n)
         r.state.result = "torn-down"
         r.state.endpoint = None

@@ -83,8 +83,7 @@ class CalibrationScreen(ModalScreen[None]):
             yield Static("reading the model's config…", id="cal-body")
             with Horizontal(id="cal-fields"):
                 for fid, key, _kind in _FIELDS:
-                    logged = {"max_model_len": lg.max_model_len, "gpu_memory_utilization": lg.gpu_memory_utilization,
-                              "tp": lg.tp}[key]
+                    logged = getattr(lg, key)  # the start's own setting, shown as the field's placeholder
                     yield Label(key.replace("_", "-").replace("gpu-memory-utilization", "gmu"), classes="cal-label")
                     yield Input(placeholder=f"{logged:g}" if isinstance(logged, float) else
                                 (f"{logged:,}" if logged else ""), id=fid, classes="cal-field")

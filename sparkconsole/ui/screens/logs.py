@@ -45,7 +45,9 @@ from sparkconsole.logs.follow import (
 )
 from sparkconsole.logs.vllm import VllmLogReport, VllmLogTracker
 from sparkconsole.ui.render import thin_scrollbars
+from sparkconsole.ui.screens.calibration import CalibrationScreen
 from sparkconsole.ui.screens.live import forward_worker_failure
+from sparkconsole.ui.screens.planner import app_live_memory
 
 FollowerFactory = Callable[[], AsyncIterable[FollowEvent]]
 StartReader = Callable[[], Awaitable[str]]
@@ -656,16 +658,12 @@ class LogScreen(Screen[None]):
     async def _open_calibration(self) -> None:
         """The start's lines (read from the node when a reader was given: the followed tail may
         begin long after vLLM printed its memory figures) and the buffer, into the calibration."""
-        from sparkconsole.ui.screens.calibration import CalibrationScreen
-
         head = self._start_text or ""
         if not head and self.start_reader is not None:
             try:
                 head = await self.start_reader()
             except Exception as exc:  # the buffer alone still calibrates when it holds the start
                 self.notify(f"could not read the start of the log: {exc}", severity="warning")
-        from sparkconsole.ui.screens.planner import app_live_memory
-
         text = head + "\n" + "\n".join(ln.text for ln in self.buffer.lines if ln.kind == "line")
         live = app_live_memory(self.app)
         self.app.push_screen(CalibrationScreen(self.node, text, live.gib if live is not None else None))
