@@ -545,6 +545,41 @@ def test_corrupt_cache_is_a_clear_error(tmp_path):
         load_spec("x/y")
 
 
+def test_pp_on_vllm_0_14_to_0_16_checks_one_request_over_the_whole_model_against_one_stage():
+    """vLLM 0.14.0-0.16.0 refuse a PP start whose ONE request of max_model_len, counted over every
+    layer of the model, exceeds one stage's KV memory (overheads.py: vllm#29431 .. #33698). The real
+    report, vllm#34076 (0.15.2rc1, Qwen3-Coder-30B-A3B-FP8 at PP 2, 262,144 tokens): "(24.0 GiB KV
+    cache is needed, which is larger than the available KV cache memory (3.18 GiB). Based on the
+    available memory, the estimated maximum model length is 34736."
+
+    Qwen3-Coder-30B-A3B has the KV geometry of the bundled Qwen3-30B-A3B (48 layers, 4 KV heads of
+    128): 2 x 4 x 128 x 2 B = 2,048 B per layer per token, x 48 layers x 262,144 tokens = 24.0 GiB;
+    one stage of 24 layers needs 12.0. At 3.18 GiB the longest context over the whole model is
+    3.18 GiB / 98,304 B per token in blocks of 16: 34,720 at 3.18, 34,768 at 3.185 (the printed 3.18
+    rounds both), around vLLM's 34,736."""
+    cfg = json.loads((SPECS_DIR / "qwen3-30B-A3B.config.json").read_text())
+    cfg["max_position_embeddings"] = 262_144  # the Coder model's (the log's "max seq len (262144)")
+    spec = spec_from_config(cfg, "Qwen/Qwen3-Coder-30B-A3B", "test")
+    ask = dict(pp=2, max_model_len=262_144, kv_cache_gib=15.0)   # each stage: 12 GiB needed, 15 given
+    for v in ("0.14.0", "0.15.1", "0.16.0"):
+        r = plan(spec, PlanOptions(vllm_version=v, **ask))
+        assert not r.fits
+        assert "24.00 GiB of KV" in r.reasons[1] and "15.00 GiB" in r.reasons[1] and "vllm#32105" in r.reasons[1]
+        assert r.ways_out[0].startswith("vLLM 0.17")
+        assert r.ways_out[1] == "--max-model-len 163,840 or less on this image"   # 15 GiB / 98,304 B, blocks of 16
+    for v in ("0.13.0", "0.17.0", None):   # before the regression, after the fix, the newest assumed
+        assert plan(spec, PlanOptions(vllm_version=v, **ask)).fits
+    # the real report's own figures: whole-model need 24.0 GiB; longest context brackets vLLM's 34,736
+    lo = plan(spec, PlanOptions(vllm_version="0.15.1", pp=2, max_model_len=16_384, kv_cache_gib=3.18))
+    assert lo.fits  # 16K fits even over the whole model
+    refused = [plan(spec, PlanOptions(vllm_version="0.15.1", pp=2, max_model_len=40_960, kv_cache_gib=g))
+               for g in (3.18, 3.185)]
+    longest = [int(r.ways_out[1].split()[1].replace(",", "")) for r in refused]
+    assert longest[0] <= 34_736 <= longest[1]
+    # no TP=1 start is touched by this check
+    assert plan(spec, PlanOptions(vllm_version="0.15.1", max_model_len=262_144, kv_cache_gib=30.0)).fits
+
+
 def test_pipeline_stages_split_the_layers_as_vllm_does_and_the_memory_with_them():
     """PP when TP cannot divide the model: 3 Sparks cannot run Qwen3.5-122B at TP=3 (32 heads), but
     three stages of 16 layers can; the stages' weights add up to the whole model's."""

@@ -19,6 +19,15 @@ above (an estimate, replace it with the logged figure: at 65,536 tokens it gives
 old linear rule gave 32 GiB).
 
 Non-torch: 1.0 GiB (CUDA context, cuBLAS / Triton workspaces) + 0.5 GiB NCCL buffers for TP > 1.
+Pipeline parallel, 0.14.0 - 0.16.0 only: ``v1/core/kv_cache_utils.py::get_kv_cache_configs`` checks
+ONE request of ``max_model_len`` against the KV groups of the WHOLE model (every stage's layers) and
+the smallest worker's KV memory, and refuses to start when it does not fit ("To serve at least one
+request with the models's max seq len ... KV cache is needed, which is larger than the available KV
+cache memory"), although each stage holds only its own layers. Introduced with ``--max-model-len auto``
+(vllm#29431, first released in 0.14.0), reported as vllm#32105 / #34076, fixed by #33698 (first released
+in 0.17.0; 0.16.0 still has it): per worker, over that worker's own layers, from 0.17 on (the code of
+the 0.13.0 .. 0.17.0 wheels on PyPI, compared).
+
 CUDA graphs: 0.5 GiB on a GB10 (1.0 GiB logged for a 4B hybrid at 51+35 graphs, real log 02;
 1.62 GiB estimated in real log 25; 1.34 GiB for a 35B on H100 in vllm#50722).
 """
@@ -45,6 +54,7 @@ class VersionRules:
     graphs_in_budget: bool
     new_kv_print: bool     # "GPU KV cache size" = int(concurrency x max_model_len) (0.20+) vs blocks x block
     note: str
+    pp_whole_model_kv_check: bool = False  # 0.14-0.16: a PP start checks the whole model's KV per stage
 
 
 def parse_version(text: str | None) -> tuple[int, int] | None:
@@ -66,7 +76,7 @@ def rules_for(version: str | None) -> VersionRules:
     note = (f"vLLM {label}{' (assumed: the newest known; give --vllm-version)' if assumed else ''}: CUDA-graph "
             f"memory {'is' if graphs else 'is not'} subtracted from the KV budget; 'GPU KV cache size' "
             f"{'= concurrency x max_model_len' if new_print else '= blocks / groups x block size'}")
-    return VersionRules(label, graphs, new_print, note)
+    return VersionRules(label, graphs, new_print, note, pp_whole_model_kv_check=(0, 14) <= vv < (0, 17))
 
 
 def activation_gib(max_num_batched_tokens: int) -> float:

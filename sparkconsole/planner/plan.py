@@ -231,11 +231,40 @@ def _plan_pp(spec: ModelSpec, o: PlanOptions, explore: bool) -> PlanResult:
                    f"the heaviest stage loads {heaviest.weights_gib_per_node:.2f} GiB; stage {k} (layers "
                    f"{slices[k].start}-{slices[k].stop - 1}) has the fewest KV blocks and sets the concurrency",
                    *limiting.reasons[1:]]
+    refused = _pp_whole_model_check(spec, o, res, stages, tp)
     if not res.fits and explore:  # never what was asked: no fp8 KV when it is already fp8
-        res.ways_out = ["more stages or nodes, a shorter --max-model-len, "
-                        + ("" if o.kv_cache_dtype == "fp8" else "fp8 KV, ") + "or a 4-bit variant"]
-        res.reasons.append(f"way out: {res.ways_out[0]}")
+        res.ways_out = refused or ["more stages or nodes, a shorter --max-model-len, "
+                                   + ("" if o.kv_cache_dtype == "fp8" else "fp8 KV, ") + "or a 4-bit variant"]
+        res.reasons += [f"way out: {x}" for x in res.ways_out]
     return res
+
+
+def _pp_whole_model_check(spec: ModelSpec, o: PlanOptions, res: PlanResult, stages: list[PlanResult],
+                          tp: int) -> list[str]:
+    """vLLM 0.14.0-0.16.0 refuse a pipeline-parallel start when ONE request of max_model_len, counted
+    over the whole model's layers, does not fit the smallest stage's KV memory (overheads.py says
+    where; vllm#32105, fixed in 0.17): the plan says so, and gives its ways out (the longest context
+    those versions take)."""
+    rules = rules_for(o.vllm_version)
+    if not rules.pp_whole_model_kv_check or not res.fits:
+        return []
+    geo = spec.geometry
+    whole = kv_layout(geo, tp, o.kv_cache_dtype, o.enable_prefix_caching, o.num_speculative_tokens,
+                      o.num_speculative_tokens > 0 and geo.mtp_layers > 0 and spec.checkpoint.has_mtp is not False)
+    need = whole.blocks_per_request(res.max_model_len) * whole.bytes_per_block
+    avail = min(int(r.budget.kv_gib * GIB) for r in stages)
+    if need <= avail:
+        return []
+    longest = whole.longest_len(avail // whole.bytes_per_block) if whole.bytes_per_block else 0
+    res.fits = False
+    res.reasons[0] = res.reasons[0].replace("fits", "does not fit", 1)
+    res.reasons.insert(1, f"vLLM {rules.version} refuses this start: it checks one request of "
+                          f"{res.max_model_len:,} tokens over the whole model's layers ({need / GIB:.2f} GiB of KV) "
+                          f"against one stage's KV memory ({avail / GIB:.2f} GiB), although each stage holds only "
+                          f"its own layers (vllm#32105; 0.14.0-0.16.0, fixed in 0.17.0)")
+    return ["vLLM 0.17 or newer (each stage checked against its own layers)",
+            f"--max-model-len {longest:,} or less on this image" if longest > 0 else
+            "tensor parallel instead of pipeline stages"]
 
 
 def _plan(spec: ModelSpec, o: PlanOptions, weights_bytes: float | None = None,
