@@ -85,7 +85,7 @@ async def test_122b_tp1_does_not_fit_tp2_fits() -> None:
         t = screen.query_one("#planner-table", DataTable)
         assert [str(c.label) for c in t.columns.values()] == ["", "TP=1 (1 node)", "TP=2 (2 nodes)"]
         assert rows["fits"] == ["✖ does not fit", "✔ fits"]
-        assert rows["weights / node"][1] == "58.10 GiB"  # 58.07 + the rotary cos/sin cache (0.03 GiB)
+        assert rows["weights / node"][1] == "58.20 GiB"  # 58.07 + the multimodal rotary cos/sin cache (0.125 GiB)
         assert rows["weights / node"][0].startswith("116.")
         assert rows["KV bytes / token"] == ["24,576 B", "12,288 B"]
         assert rows["block size"] == ["2,096 tokens", "2,096 tokens"]

@@ -16,10 +16,12 @@ the parameters vLLM's loader creates for that format, not from the file sizes.
 | ``compressed-tensors`` ``nvfp4-pack-quantized`` | 0.5 B | fp8 per 16 + fp32 global scale(s) | as above | ``schemes/compressed_tensors_w4a4_nvfp4.py`` / ``_w4a16_nvfp4.py`` |
 | ``compressed-tensors`` ``pack-quantized`` (int4/int8 WNA16) | ``num_bits`` / 8 B (packed in int32) | model-dtype scale per ``group_size`` (or per channel); int32-packed zero points when ``symmetric: false``; int32 ``g_idx`` per input column with ``actorder: group`` | as above | ``schemes/compressed_tensors_wNa16.py`` |
 | ``mxfp4`` (gpt-oss) | 0.5 B, MoE experts only | one e8m0 byte per 32 weights; bf16 expert biases | every linear that is not a MoE expert (vLLM's ``Mxfp4Config`` gives them no quant method), whatever ``modules_to_not_convert`` says | ``quantization/mxfp4.py`` |
-| ``gptq`` / ``awq`` / ``auto-round`` | ``bits`` / 8 B | fp16 scale + packed zero per ``group_size`` | ``modules_to_not_convert`` (substring), GPTQ ``dynamic`` ``-:regex``, AutoRound ``extra_config`` (``bits`` >= 16 keeps a layer) and ``block_name_to_quantize`` (only layers under those blocks are quantised: vision, MTP stay bf16) | ``gptq.py``, ``awq.py``, ``auto_round.py`` |
+| ``gptq`` / ``awq`` / ``auto-round`` | ``bits`` / 8 B | fp16 scale per ``group_size``; zero points: AWQ keeps int32-packed ones; symmetric GPTQ-format weights (gptq_marlin) drop them in a linear and keep ``bits`` / 2 bits per group column in a MoE expert; asymmetric GPTQ (plain ``gptq``) keeps int32-packed ones; ``desc_act`` adds int32 ``g_idx`` (+ sort indices on Marlin) per input column | ``modules_to_not_convert`` (substring), GPTQ ``dynamic`` ``-:regex``, AutoRound ``extra_config`` (``bits`` >= 16 keeps a layer) and ``block_name_to_quantize`` (only layers under those blocks are quantised: vision, MTP stay bf16) | ``gptq.py``, ``awq.py``, ``auto_round.py`` |
 
 Always unquantised, whatever the format (vLLM builds them without a quant method): embeddings,
-``lm_head`` (``ParallelLMHead`` is not a ``LinearBase``), norms, the GDN / Mamba ``conv1d``, MoE
+``lm_head`` (``ParallelLMHead`` is not a ``LinearBase``; the one exception: a ModelOpt
+``MIXED_PRECISION`` checkpoint that lists ``lm_head`` in ``quantized_layers``, which vLLM 0.23+ loads
+quantised), norms, the GDN / Mamba ``conv1d``, MoE
 router gates. ``ignore`` of compressed-tensors is matched the way its own tools and vLLM's
 ``compressed_tensors/utils.py::should_ignore_layer`` match it: ``re:PATTERN`` is ``re.match`` (anchored
 at the start only) against the module's full checkpoint name, anything else must equal that name;
@@ -59,12 +61,14 @@ class Scheme:
     channel_scale_bytes: float = 0.0      # per output row
     tensor_bytes: float = 0.0       # per tensor scalars (weight_scale_2, input_scale, global scales)
     zero_bits: float = 0.0          # packed zero point per group (asymmetric int)
+    moe_zero_bits: float | None = None  # zero point per group of a fused MoE expert, when it differs
     g_idx_bytes: float = 0.0        # per input column (act-order)
     swizzle: bool = False           # NVFP4 scales padded to 128 x 4 tiles
     bias_bytes: float = 0.0         # per output row (mxfp4 expert biases)
 
-    def bytes(self, rows: int, cols: int) -> float:
-        """Bytes of one ``rows x cols`` (out x in) weight in this scheme."""
+    def bytes(self, rows: int, cols: int, moe: bool = False) -> float:
+        """Bytes of one ``rows x cols`` (out x in) weight in this scheme (``moe``: a fused MoE
+        expert's, whose zero points some loaders keep where a plain linear drops them)."""
         b = rows * cols * self.weight_bits / 8
         if self.group:
             ncols = math.ceil(cols / self.group)
@@ -72,7 +76,8 @@ class Scheme:
             if self.swizzle:
                 nrows, ncols = -(-rows // 128) * 128, -(-ncols // 4) * 4
             b += nrows * ncols * self.group_scale_bytes
-            b += rows * math.ceil(cols / self.group) * self.zero_bits / 8
+            zb = self.moe_zero_bits if moe and self.moe_zero_bits is not None else self.zero_bits
+            b += rows * math.ceil(cols / self.group) * zb / 8
         if self.block:
             b += math.ceil(rows / self.block[0]) * math.ceil(cols / self.block[1]) * 4
         b += rows * (self.channel_scale_bytes + self.bias_bytes) + cols * self.g_idx_bytes + self.tensor_bytes
@@ -94,14 +99,14 @@ def fp8_block(block: tuple[int, int]) -> Scheme:
 
 
 def int_group(bits: int, group: int | None, scale_bytes: float = 2, zero: bool = True,
-              g_idx: bool = False) -> Scheme:
+              g_idx: bool = False, g_idx_bytes: float = 4, moe_zero_bits: float | None = None) -> Scheme:
     """GPTQ/AWQ/AutoRound/compressed-tensors WNA16: ``bits`` per weight, a model-dtype scale per
     group (per channel when ``group`` is None), a packed zero point per group when asymmetric."""
     name = f"int{bits}-" + (f"g{group}" if group else "channel")
     if group is None:
         return Scheme(name, bits, channel_scale_bytes=scale_bytes + (bits / 8 if zero else 0))
     return Scheme(name, bits, group=group, group_scale_bytes=scale_bytes, zero_bits=bits if zero else 0,
-                  g_idx_bytes=4 if g_idx else 0)
+                  g_idx_bytes=g_idx_bytes if g_idx else 0, moe_zero_bits=moe_zero_bits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,12 +145,14 @@ class QuantFormat:
     only_experts: bool = False                    # mxfp4: experts only
     expert_pad: tuple[int, int] | None = None     # routed experts' (hidden, intermediate) padded to multiples
     only_under: tuple[str, ...] = ()              # AutoRound block_name_to_quantize
+    quantized_lm_head: bool = False               # ModelOpt MIXED_PRECISION listing lm_head (vLLM 0.23+)
     source: str = ""
     notes: tuple[str, ...] = field(default=())
 
     def scheme_for(self, names: Iterable[str], kind: str, module: str) -> Scheme | None:
         """The scheme of a linear known by ``names`` (its checkpoint names, fused shards included)."""
-        if kind in NEVER_QUANTISED:
+        lm_head = self.quantized_lm_head and module == "lm_head"
+        if kind in NEVER_QUANTISED and not lm_head:
             return None
         names = tuple(names)
         if self.only_experts and module not in ("routed experts",):
@@ -234,7 +241,13 @@ def _modelopt(q: Mapping[str, Any], where: str) -> QuantFormat:
             rules.append(("fn", str(name), modelopt_scheme(la, _int(spec.get("group_size"), group))))
             algos[la.upper()] = algos.get(la.upper(), 0) + 1
         label = "MIXED_PRECISION (" + ", ".join(f"{k} x{v}" for k, v in sorted(algos.items())) + ")"
-        return QuantFormat("modelopt", label, None, tuple(rules), skip, source="modelopt.py ModelOptMixedPrecisionConfig")
+        head = next((r for r in rules if r[1] == "lm_head" and r[2] is not None), None)
+        notes = () if head is None else (
+            f"lm_head is listed as {head[2].name.upper()} and counted so: vLLM 0.23+ builds ParallelLMHead with "
+            "the quant config (modelopt.py checks LinearBase or ParallelLMHead); 0.22 and older keep it bf16, "
+            "which costs vocab x hidden x 2 B instead",)
+        return QuantFormat("modelopt", label, None, tuple(rules), skip, quantized_lm_head=head is not None,
+                           source="modelopt.py ModelOptMixedPrecisionConfig", notes=notes)
     scheme = modelopt_scheme(algo, group)
     if scheme is None:
         raise _bad(where, f"modelopt quant_algo {algo or '(none)'!r} is not known")
@@ -301,13 +314,28 @@ def _gptq_like(q: Mapping[str, Any], method: str, where: str) -> QuantFormat:
     bits = _int(q.get("bits", q.get("w_bit")), 4) or 4
     group = _int(q.get("group_size", q.get("q_group_size")), 128)
     sym = q.get("sym", q.get("symmetric"))
-    zero = method == "awq" or q.get("zero_point") is True or sym is False
-    if method == "gptq" or "gptq" in str(q.get("packing_format") or ""):
-        zero = True  # vLLM's GPTQ(-Marlin) layers always hold packed qzeros, even for symmetric checkpoints
     desc_act = bool(q.get("desc_act"))
-    base = int_group(bits, group if group and group > 0 else None, zero=zero, g_idx=method == "gptq" and desc_act)
-    if bits >= 16:
-        base = None
+    if method == "awq":
+        # awq_marlin keeps the zero points (repacked, same int32 size), in a linear and in MoE experts
+        zero, marlin = q.get("zero_point") is not False, True
+    else:
+        # GPTQ-format weights (gptq, AutoRound's auto_gptq packing): symmetric 4/8-bit runs on
+        # gptq_marlin, whose linear layers replace qzeros with an empty tensor (MarlinLinearKernel:
+        # zero_points=False) and whose MoE layers keep qzeros in the model dtype, one value per
+        # packed int32 column (GPTQMarlinMoEMethod: bits / 2 bits per group column). Asymmetric
+        # GPTQ is not Marlin-compatible and stays on the plain gptq path with int32-packed zeros.
+        zero = sym is False
+        marlin = not zero and bits in (4, 8)
+    moe_zero = bits / 2 if method != "awq" and marlin else None
+    # act-order: Marlin keeps the sorted g_idx and its sort indices (int32 each), plain gptq the g_idx
+    gidx_b = 8 if marlin else 4
+
+    def scheme(b: int, g: int | None) -> Scheme | None:
+        if b >= 16:
+            return None
+        return int_group(b, g if g and g > 0 else None, zero=zero, g_idx=desc_act and method != "awq",
+                         g_idx_bytes=gidx_b, moe_zero_bits=moe_zero)
+    base = scheme(bits, group)
     skip: list[tuple[str, str]] = [("sub", k) for k in _strs(q, "modules_to_not_convert", where)]
     rules: list[tuple[str, str, Scheme | None]] = []
     dyn = q.get("dynamic")
@@ -319,8 +347,7 @@ def _gptq_like(q: Mapping[str, Any], method: str, where: str) -> QuantFormat:
             elif isinstance(v, Mapping):
                 b = _int(v.get("bits"), bits) or bits
                 g = _int(v.get("group_size"), group)
-                rules.append(("re", k[2:] if k.startswith("+:") else k,
-                              None if b >= 16 else int_group(b, g if g and g > 0 else None, zero=zero)))
+                rules.append(("re", k[2:] if k.startswith("+:") else k, scheme(b, g)))
     extra = q.get("extra_config")
     if isinstance(extra, Mapping):  # AutoRound: per-layer bits, names or regexes
         for k, v in extra.items():
@@ -329,7 +356,7 @@ def _gptq_like(q: Mapping[str, Any], method: str, where: str) -> QuantFormat:
             b = _int(v.get("bits"), bits) or bits
             g = _int(v.get("group_size"), group)
             how = "re" if any(c in str(k) for c in "*^$[]\\") else "sub"
-            rules.append((how, str(k), None if b >= 16 else int_group(b, g if g and g > 0 else None, zero=zero)))
+            rules.append((how, str(k), scheme(b, g)))
     blocks = q.get("block_name_to_quantize")
     if isinstance(blocks, str):
         only = tuple(x.strip() for x in blocks.split(",") if x.strip())

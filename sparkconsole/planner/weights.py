@@ -343,7 +343,7 @@ def _part_bytes(part: Part, geo: Geometry, quant: Quant | None) -> tuple[float, 
             hidden_rows = part.name.endswith("down_proj")
             rows = -(-rows // (ph if hidden_rows else pi)) * (ph if hidden_rows else pi)
             cols = -(-cols // (pi if hidden_rows else ph)) * (pi if hidden_rows else ph)
-        return part.count * scheme.bytes(rows, cols), True
+        return part.count * scheme.bytes(rows, cols, moe=part.module == "routed experts"), True
     if quant is None or part.kind != "linear" or _kept(part.name, quant.keep_bf16):
         return float(part.numel * base), False
     r, c, n = part.rows, part.cols, part.count
@@ -367,7 +367,10 @@ def _rope_config(spec: ModelSpec) -> Mapping[str, Any]:
 def rotary_parts(spec: ModelSpec) -> list[Part]:
     """vLLM's rotary ``cos_sin_cache`` buffer (``rotary_embedding``): ``positions x rotary_dim`` in the
     model dtype, one per model (``get_rope`` shares it across layers), on every rank. Positions are
-    ``max_position_embeddings``, or ``original_max_position_embeddings x factor`` under YaRN."""
+    ``max_position_embeddings``, or ``original_max_position_embeddings x factor`` under YaRN, and four
+    times that under multimodal RoPE (``mrope_section`` in the rope parameters: ``MRotaryEmbedding``
+    builds ``cache_max_position_num = max_position_embeddings * 4``, rotary_embedding/mrope.py, 0.19-0.24;
+    Qwen3.5 / 3.6: 4 x 262,144 x 64 x 2 B = 128 MiB)."""
     geo = spec.geometry
     d = _rope_config(spec)
     rs = d.get("rope_scaling") or d.get("rope_parameters") or {}
@@ -384,6 +387,8 @@ def rotary_parts(spec: ModelSpec) -> list[Part]:
     if kind in ("yarn", "deepseek_yarn") and isinstance(factor, int | float) and isinstance(orig, int) \
             and not isinstance(factor, bool) and 0 < factor < 1024 and 0 < orig < 1 << 24:
         positions = int(orig * factor)
+    if isinstance(rs.get("mrope_section"), list):
+        positions *= 4
     if rot <= 0 or not geo.n_full:
         return []
     return [Part("rotary_emb.cos_sin_cache", "norms", positions, rot, kind="buffer", shard="rep")]
@@ -405,7 +410,8 @@ def estimate_parts(parts: list[Part], geo: Geometry, tp: int, quant: Quant | Non
     for part in parts:
         b, q = _part_bytes(part, geo, quant)
         frac = _rank_fraction(part, geo, tp)
-        est.params[part.module] = est.params.get(part.module, 0) + part.numel
+        if part.kind != "buffer":  # the rotary cache is built at start, not a parameter of the model
+            est.params[part.module] = est.params.get(part.module, 0) + part.numel
         est.bytes_total[part.module] = est.bytes_total.get(part.module, 0.0) + b
         est.bytes_per_rank[part.module] = est.bytes_per_rank.get(part.module, 0.0) + b * frac
         if q:
