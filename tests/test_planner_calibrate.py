@@ -179,6 +179,46 @@ def test_one_rank_or_a_later_start_is_not_mixed_in():
     assert lg.kv_gib == 34.31 and len(lg.kv_gib_ranks) == 2
 
 
+def test_a_pipeline_parallel_start_is_calibrated_stage_by_stage():
+    """SYNTHETIC log in the RANKS_LOG envelope (real wording): a vLLM 0.17 start of the 122B at TP 1 x PP 2,
+    its figures the planner's own PP plan (no real PP start with its capacity lines was found). Under
+    PP each worker logs "Available KV cache memory" for its own 24 layers, and the engine core prints
+    the capacity once for the shared block pool. Read as a TP=1 start of the whole model, the stage's
+    GiB would buy half the blocks; the calibration reads pipeline_parallel_size, takes the block count
+    from the capacity lines and gives each stage that many blocks of its own layers."""
+    from sparkconsole.planner.plan import PlanOptions as P
+    from sparkconsole.planner.weights import GIB
+
+    spec = load_spec(QWEN)
+    p = plan(spec, P(tp=1, pp=2, kv_cache_dtype="fp8", max_model_len=131_072, vllm_version="0.17.0"))
+    assert p.fits and p.nodes == 2
+    n, per_req = p.capacity.num_blocks, p.capacity.blocks_per_request
+    rank = ("(EngineCore_DP0 pid=210) (RayWorkerWrapper pid={pid}) INFO 03-27 17:47:30 [gpu_model_runner.py:3846] "
+            "Model loading took {w:.2f} GiB memory and 131.2 seconds\n"
+            "(EngineCore_DP0 pid=210) (RayWorkerWrapper pid={pid}) INFO 03-27 17:49:01 [gpu_worker.py:436] "
+            "Available KV cache memory: {kv:.2f} GiB")
+    log = (RANKS_LOG.format(m=QWEN, a=rank.format(pid=388, w=p.weights_gib_per_node, kv=p.kv_cache_gib_per_node),
+                            b=rank.format(pid=97, w=p.weights_gib_per_node - 1, kv=p.kv_cache_gib_per_node + 0.4))
+           .replace("tensor_parallel_size=2, pipeline_parallel_size=1", "tensor_parallel_size=1, pipeline_parallel_size=2")
+           .replace("'tensor_parallel_size': 2", "'pipeline_parallel_size': 2")
+           .replace("kv_cache_dtype=auto", "kv_cache_dtype=fp8").replace("max_seq_len=65536", "max_seq_len=131072")
+           .replace("737,792", f"{p.capacity.kv_cache_tokens_old:,}")
+           .replace("65,536 tokens per request: 37.05x", f"131,072 tokens per request: {n / per_req:.2f}x"))
+    lg = read_log(log)
+    assert (lg.tp, lg.pp, lg.max_model_len, lg.kv_cache_dtype) == (1, 2, 131_072, "fp8")
+    cal = calibrate(spec, lg, P())
+    assert cal.num_blocks == n and cal.calibrated.capacity.num_blocks == n
+    assert cal.reproduced == {"kv_cache_tokens": True, "max_concurrency": True}
+    assert cal.calibrated.nodes == 2 and any("pipeline parallel (2 stages" in x for x in cal.notes)
+    # what reading the stage's GiB against the whole model's block would have said: about half
+    whole_bpb = p.layout.bytes_per_block * 2
+    assert int(lg.kv_gib * GIB) // whole_bpb < 0.6 * n
+    # 5 more points of gmu on 121.69 GiB buy each stage floor(6.08 GiB / its block) more blocks
+    more = calibrate(spec, lg, P(), {"gpu_memory_utilization": (lg.gpu_memory_utilization or 0.85) + 0.05})
+    assert more.replan is not None
+    assert more.replan.capacity.num_blocks == n + int(0.05 * 121.69 * GIB // p.layout.bytes_per_block)
+
+
 # ---- a way out never repeats the request; what vLLM ran (or less) never "does not fit" -----------------
 
 def test_ways_out_never_offer_what_was_asked():

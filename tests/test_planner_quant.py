@@ -301,3 +301,17 @@ def test_gpt_oss_20b_against_a_real_vllm_load_on_a100():
     assert w.per_rank_gib == pytest.approx(13.687, abs=0.001)
     assert abs(w.per_rank_gib - logged) / logged < 0.01
     assert any("pads" in x for x in s.notes)
+
+
+def test_asymmetric_gptq_is_counted_with_its_zero_points_and_named_for_what_new_vllm_refuses():
+    """Asymmetric GPTQ is not Marlin-compatible: vLLM's plain gptq kernel keeps int32-packed zeros
+    (0.5/128 B per weight at int4 g128); vLLM 0.22+ has no kernel for it and refuses the checkpoint."""
+    sym = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+    w_sym = estimate_weights(tiny(sym))
+    s_asym = tiny({**sym, "sym": False})
+    w_asym = estimate_weights(s_asym)
+    n = 2 * LINEAR_PARAMS
+    assert linear_bytes(s_asym) - linear_bytes(tiny(sym)) == n // 128 // 2
+    assert w_asym.per_rank_bytes > w_sym.per_rank_bytes
+    assert any("0.22" in x and "refuse" in x for x in s_asym.notes)
+    assert not any("refuse" in x for x in tiny(sym).notes)

@@ -33,7 +33,7 @@ from sparkconsole.logs.vllm import parse_vllm_log
 from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
 from sparkconsole.planner.kv import kv_layout
 from sparkconsole.planner.overheads import rules_for
-from sparkconsole.planner.plan import PlanOptions, PlanResult, _plan, resolve
+from sparkconsole.planner.plan import PlanOptions, PlanResult, _plan, _stage_spec, pp_slices, resolve
 from sparkconsole.planner.spec import ModelSpec
 from sparkconsole.planner.weights import GIB, estimate_weights
 
@@ -53,6 +53,7 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "v07_parts": re.compile(rf"non_torch_memory takes {_NUM}GiB; PyTorch activation peak memory takes {_NUM}GiB"),
     "nbt": re.compile(r"max_num_batched_tokens=(\d+)"),
     "tp": re.compile(r"tensor_parallel_size[=:]\s*'?(\d+)"),
+    "pp": re.compile(r"pipeline_parallel_size[=:]\s*'?(\d+)"),
     "gmu": re.compile(rf"'gpu_memory_utilization': {_NUM}|gpu_memory_utilization[=:]\s*{_NUM}"),
     "kvdt": re.compile(r"kv_cache_dtype[=:]\s*'?(\w+)"),
     "prefix": re.compile(r"enable_prefix_caching[=:]\s*'?(True|False)"),
@@ -78,6 +79,7 @@ class Logged:
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     tp: int | None = None
+    pp: int | None = None
     kv_cache_dtype: str | None = None
     enable_prefix_caching: bool | None = None
     max_num_batched_tokens: int | None = None
@@ -158,7 +160,7 @@ def read_log(text: str) -> Logged:
     return Logged(
         state=rep.state, failure_kind=rep.failure_kind, vllm_version=rep.vllm_version, model=rep.model,
         max_model_len=mml, gpu_memory_utilization=gmu,
-        tp=int(f("tp")) if f("tp") else None,
+        tp=int(f("tp")) if f("tp") else None, pp=int(f("pp")) if f("pp") else None,
         kv_cache_dtype=("fp8" if str(found["kvdt"][0]).startswith("fp8") else "auto") if "kvdt" in found else None,
         enable_prefix_caching=(prefix[0] == "True") if prefix else None,
         max_num_batched_tokens=int(f("nbt")) if f("nbt") else None,
@@ -208,14 +210,18 @@ class Calibration:
                 "replan": self.replan.to_json() if self.replan else None, "notes": list(self.notes)}
 
 
-def _blocks_consistent(lg: Logged, layout: Any, mml: int, new_print: bool) -> list[int]:
-    """Block counts that reproduce every capacity figure the log printed (rounded as printed)."""
+def _blocks_consistent(lg: Logged, layout: Any, mml: int, new_print: bool, bpb: int) -> list[int]:
+    """Block counts that reproduce every capacity figure the log printed (rounded as printed).
+    ``bpb``: the bytes of one block on the rank whose "Available KV cache memory" was logged (the
+    whole model's layout; under PP the tightest stage's)."""
     per_req = layout.blocks_per_request(mml)
     groups, block = layout.num_groups, layout.block_size
     if lg.gpu_blocks is not None:
         return [lg.gpu_blocks]
-    bpb = layout.bytes_per_block
-    if lg.kv_gib is not None and bpb:
+    printed = lg.kv_tokens is not None or lg.max_concurrency is not None
+    # under PP every stage logs its own KV GiB for its own layers; the capacity lines (printed once, by
+    # the engine core, for the one block pool) do not depend on how the layers are split: use them
+    if lg.kv_gib is not None and bpb and ((lg.pp or 1) == 1 or not printed):
         lo = int(max(0.0, lg.kv_gib - 0.005) * GIB) // bpb
         hi = int((lg.kv_gib + 0.005) * GIB) // bpb
     elif lg.kv_tokens is not None and block and groups:
@@ -254,6 +260,8 @@ def calibrate(spec: ModelSpec, lg: Logged, base: PlanOptions, change: Mapping[st
         else lg.enable_prefix_caching,
         max_num_batched_tokens=lg.max_num_batched_tokens or base.max_num_batched_tokens,
         node_memory_gib=lg.total_gib or base.node_memory_gib, force=True)
+    if (lg.pp or 1) > 1:
+        at = dataclasses.replace(at, pp=lg.pp, nodes=None)
     tp, _nodes, mml = resolve(spec, at)
     est = _plan(spec, at, explore=False)
     rules = rules_for(version)
@@ -266,7 +274,16 @@ def calibrate(spec: ModelSpec, lg: Logged, base: PlanOptions, change: Mapping[st
         notes.append(f"the log's attention block ({lg.block_size:,} tokens) is not the planner's "
                      f"({layout.block_size:,}): the config does not describe what vLLM ran (another model, "
                      "--block-size, or a kernel alignment other than 16)")
-    cands = _blocks_consistent(lg, layout, mml, rules.new_kv_print)
+    pp = at.pp
+    # the bytes of one block on the rank that sets the count: under PP the stage whose layers need the most
+    bpb_rank = layout.bytes_per_block if pp == 1 else max(
+        kv_layout(_stage_spec(spec, r).geometry, tp, at.kv_cache_dtype, at.enable_prefix_caching).bytes_per_block
+        for r in pp_slices(geo.num_layers, pp))
+    if pp > 1:
+        notes.append(f"pipeline parallel ({pp} stages of {geo.num_layers} layers): the block count is taken from "
+                     "the capacity lines the engine core prints once; each stage holds it for its own layers, "
+                     "and the stages' weights are the planner's")
+    cands = _blocks_consistent(lg, layout, mml, rules.new_kv_print, bpb_rank)
     n = cands[0] if cands else None
     total = at.node_memory_gib or DEFAULT_NODE_MEMORY_GIB
     weights = lg.weights_gib if lg.weights_gib is not None else est.weights_gib_per_node
@@ -275,8 +292,9 @@ def calibrate(spec: ModelSpec, lg: Logged, base: PlanOptions, change: Mapping[st
                      "re-planned from the logged KV GiB")
         kv_bytes = (lg.kv_gib if lg.kv_gib is not None else est.kv_cache_gib_per_node) * GIB
     else:
-        kv_bytes = n * layout.bytes_per_block
-    cal = _plan(spec, dataclasses.replace(at, kv_cache_gib=kv_bytes / GIB), weights_bytes=weights * GIB,
+        kv_bytes = n * bpb_rank
+    kv_at = dict(kv_blocks=n) if n is not None else dict(kv_cache_gib=kv_bytes / GIB)
+    cal = _plan(spec, dataclasses.replace(at, **kv_at), weights_bytes=weights * GIB,
                 explore=False, weights_source="the log (Model loading took)")
     if lg.ran and not cal.fits:  # what vLLM ran is never "does not fit"
         cal.fits = True
@@ -302,7 +320,9 @@ def calibrate(spec: ModelSpec, lg: Logged, base: PlanOptions, change: Mapping[st
         new_tp = change.get("tp") or tp
         if new_tp == tp:
             extra = (tgt.gpu_memory_utilization - at.gpu_memory_utilization) * total * GIB
-            replan = _plan(spec, dataclasses.replace(tgt, kv_cache_gib=max(1e-6, (kv_bytes + extra) / GIB)),
+            kv_new = dict(kv_blocks=max(0, n + math.floor(extra / bpb_rank))) if n is not None and pp > 1 else \
+                dict(kv_cache_gib=max(1e-6, (kv_bytes + extra) / GIB))
+            replan = _plan(spec, dataclasses.replace(tgt, **kv_new),
                            weights_bytes=weights * GIB, weights_source="the log (Model loading took)")
             if extra and replan.capacity.num_blocks:
                 replan.reasons.append(f"KV budget: the logged {kv_bytes / GIB:.2f} GiB "
@@ -319,7 +339,7 @@ def calibrate(spec: ModelSpec, lg: Logged, base: PlanOptions, change: Mapping[st
                 ov = dict(activation_gib=max(0.0, measured_rest), non_torch_gib=0.0, cuda_graph_gib=0.0)
             else:
                 ov = {}
-            replan = _plan(spec, dataclasses.replace(tgt, tp=new_tp, nodes=new_tp, kv_cache_gib=None, **ov),
+            replan = _plan(spec, dataclasses.replace(tgt, tp=new_tp, nodes=new_tp * pp, kv_cache_gib=None, **ov),
                            weights_bytes=weights * GIB * ratio,
                            weights_source=f"the log's weights x {ratio:.3f} (TP {tp} -> {new_tp})")
     if len({v for _k, v in lg.kv_gib_ranks}) > 1:

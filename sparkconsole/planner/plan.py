@@ -55,6 +55,7 @@ class PlanOptions:
     max_model_len: int | None = None
     kv_cache_dtype: str = "auto"
     kv_cache_gib: float | None = None
+    kv_blocks: int | None = None  # the KV block count a vLLM start allocated (calibration): bytes per stage
     node_memory_gib: float | None = None
     enable_prefix_caching: bool = True
     num_speculative_tokens: int = 0
@@ -283,7 +284,8 @@ def _plan(spec: ModelSpec, o: PlanOptions, weights_bytes: float | None = None,
     node_mem = o.node_memory_gib if o.node_memory_gib is not None else bud.DEFAULT_NODE_MEMORY_GIB
     over = bud.estimate_overheads(tp, o.max_num_batched_tokens, o.activation_gib, o.non_torch_gib,
                                   o.cuda_graph_gib, o.vllm_version)
-    b = bud.kv_budget(node_mem, o.gpu_memory_utilization, w.per_rank_gib, over, o.kv_cache_gib)
+    kv_given = o.kv_cache_gib if o.kv_blocks is None else o.kv_blocks * layout.bytes_per_block / GIB
+    b = bud.kv_budget(node_mem, o.gpu_memory_utilization, w.per_rank_gib, over, kv_given)
     cap = capacity(layout, int(b.kv_gib * GIB), mml)
     ok = bud.fits(b, cap.num_blocks, cap.blocks_per_request)
     res = PlanResult(spec.model, tp, nodes, mml, w, layout, cap, b, ok, warnings=warnings,

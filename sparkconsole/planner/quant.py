@@ -29,6 +29,10 @@ a fused vLLM layer (``qkv_proj``, ``gate_up_proj``) is ignored when its shards a
 ``exclude_modules`` are ``fnmatch`` patterns (``model.layers.*.mlp.gate``); a pattern naming a parent
 module (``model.visual``, ``mtp*``) covers everything under it.
 
+Which kernel holds the weights decides the bytes, and the one counted is a GB10's (SM121): Marlin for
+GPTQ / AWQ / AutoRound and, without native FP4 kernels, for NVFP4. A Hopper GPU runs GPTQ and AWQ on
+Machete from vLLM 0.19 (zero points kept, AWQ's unpacked to bf16): an H100 load of those is larger.
+
 Scales of fused shards (``weight_scale_2``, ``input_scale`` per logical tensor) are counted per
 tensor; they are a few bytes. NVFP4 block scales are swizzled to 128x4 tiles on load: rows are
 padded to a multiple of 128 and scale columns to a multiple of 4 (counted).
@@ -365,7 +369,10 @@ def _gptq_like(q: Mapping[str, Any], method: str, where: str) -> QuantFormat:
     else:
         only = ()
     label = f"{method.upper()} int{bits}" + (f" g{group}" if group and group > 0 else "")
-    return QuantFormat(method, label, base, tuple(rules), tuple(skip), only_under=only,
+    notes = () if method == "awq" or not zero else (
+        f"asymmetric {method} weights: counted on vLLM's plain gptq kernel (zero points kept); vLLM 0.22 and "
+        "newer have no kernel for them and refuse to load the checkpoint",)
+    return QuantFormat(method, label, base, tuple(rules), tuple(skip), only_under=only, notes=notes,
                        source={"gptq": "gptq.py / gptq_marlin.py", "awq": "awq.py / awq_marlin.py",
                                "auto-round": "auto_round.py"}.get(method, method))
 
