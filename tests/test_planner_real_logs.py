@@ -169,11 +169,16 @@ def redhat_nvfp4(ignore: list[str]) -> dict:
                                                                 "symmetric": True, "dynamic": "local"}}}}
 
 
-def qwen3_30b_a3b(q: dict | None) -> object:
-    cfg = json.loads((FIX / "qwen3-30b-a3b.config.json").read_text())
+def fixture_spec(config: str, q: dict | None, name: str) -> object:
+    """The spec of a fixture config.json, with ``q`` as its quantization_config (None: as stored)."""
+    cfg = json.loads((FIX / config).read_text())
     if q is not None:
         cfg["quantization_config"] = q
-    return spec_from_config(cfg, "RedHatAI/Qwen3-30B-A3B-NVFP4", "test")
+    return spec_from_config(cfg, name, "test")
+
+
+def qwen3_30b_a3b(q: dict | None) -> object:
+    return fixture_spec("qwen3-30b-a3b.config.json", q, "RedHatAI/Qwen3-30B-A3B-NVFP4")
 
 
 def test_ct_nvfp4_qwen3_30b_a3b_against_a_real_gb10_load():
@@ -248,10 +253,7 @@ def kaitchup_loads() -> dict[str, float]:
 
 
 def llama31_8b(q: dict | None) -> object:
-    cfg = json.loads((FIX / "llama-3.1-8b-instruct.config.json").read_text())
-    if q is not None:
-        cfg["quantization_config"] = q
-    return spec_from_config(cfg, "Meta-Llama-3.1-8B-Instruct", "test")
+    return fixture_spec("llama-3.1-8b-instruct.config.json", q, "Meta-Llama-3.1-8B-Instruct")
 
 
 def test_gptq_and_awq_llama31_8b_against_real_loads_and_the_zero_points_marlin_drops():

@@ -1019,11 +1019,16 @@ class Caches(Step):
         return [(n, drop_caches()) for n in self.f.nodes] if self.f.get("drop") else []
 
     async def apply(self) -> None:
-        for n, cmd in self.plan():
-            res = await self.r.change(n, cmd)
-            if not res.ok:
-                raise StepFailed(f"{n}: dropping the page cache failed: {res.stderr.strip()[-200:]}",
-                                 "allow `sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'` for this user")
+        await drop_page_cache(self.r, [n for n, _cmd in self.plan()])
+
+
+async def drop_page_cache(r: Runner, nodes: list[str]) -> None:
+    """``sync; echo 3 > drop_caches`` on ``nodes`` through the runner (shown, journaled)."""
+    for n in nodes:
+        res = await r.change(n, drop_caches())
+        if not res.ok:
+            raise StepFailed(f"{n}: dropping the page cache failed: {res.stderr.strip()[-200:]}",
+                             "allow `sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'` for this user")
 
 
 # ---- cluster --------------------------------------------------------------------------------------
@@ -1370,7 +1375,9 @@ class Serve(Step):
         if death is not None and kind in ("killed", "removed", "exited"):
             options.append(Option("again", "start again", "the engine's containers started afresh ("
                                   + ("the Ray cluster formed again, then vLLM" if self.f.executor == "ray"
-                                     else "the same command") + "): nothing in the log says the start was wrong"))
+                                     else "the same command")
+                                  + ("; the page cache dropped again first" if self.f.get("drop") else "")
+                                  + "): nothing in the log says the start was wrong"))
         if kind == "oom" and not layout_fits:
             options.append(Option("back-plan", "back to the plan: this layout does not fit",
                                   f"TP={self.f.get('tp')} was chosen against the plan's verdict; choose again"))
@@ -1414,7 +1421,11 @@ class Serve(Step):
     async def _start_again(self, kind: str) -> None:
         """After a container was killed or removed: over Ray, every Ray container of this deployment
         goes (a Ray worker whose head died does not rejoin a new one) and the cluster step forms it
-        again; else the serve step starts its containers again."""
+        again; else the serve step starts its containers again. The page cache is dropped again first
+        when the operator had it dropped before launch: the shards the killed start read sit there, and
+        vLLM's start-up check counts only free memory (a retry failed it by 0.3-0.9 GiB on the demo)."""
+        if self.f.get("drop"):
+            await drop_page_cache(self.r, list(self.f.nodes))
         if self.f.executor == "ray" and self.f.engine == "vllm":
             for s in [s for s in self.r.state.started if s.name == self.f.container("ray")]:
                 await self.r.change(s.node, docker_rm_force(s.name))

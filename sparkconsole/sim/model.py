@@ -312,12 +312,20 @@ class Holder:
 
 @dataclass
 class CacheRamp:
-    """Page-cache growth: ``nbytes`` read or written between ``t0`` and ``t1`` on a node."""
+    """Page-cache growth: ``nbytes`` read or written between ``t0`` and ``t1`` on a node. A ramp read
+    by a process (``reader``: a vLLM rank loading its shards) stops growing when that process ends:
+    a load killed at shard 9 of 40 leaves 9 shards in the page cache, not 40."""
 
     node: str
     t0: float
     t1: float
     nbytes: float
+    reader: Curve | None = None
+
+    @property
+    def stop(self) -> float:
+        end = self.reader.end if self.reader is not None else None
+        return self.t1 if end is None else min(self.t1, end)
 
 
 # ---- containers and engines --------------------------------------------------------------------
@@ -845,7 +853,7 @@ class SimCluster:
             if r.node != node or r.t0 > t:
                 continue
             lo = r.t0 if last_drop is None else max(r.t0, last_drop)
-            hi = min(t, r.t1)
+            hi = min(t, r.stop)
             if hi <= lo:
                 continue
             span = max(r.t1 - r.t0, 1e-9)

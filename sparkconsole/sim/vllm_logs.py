@@ -868,7 +868,7 @@ def _plan_serve(
                             Curve(pts), container=container if n is node else _ray_container(cluster, n.name))
         run.holders.append(holder)
         cluster.cache_ramps.append(_ramp(n.name, t0 + t_bar, t0 + t_bar + t_read * oom_frac,
-                                         (spec.disk_bytes if spec else 8 * 10**9) * oom_frac))
+                                         (spec.disk_bytes if spec else 8 * 10**9) * oom_frac, holder.curve))
     if oom_node is not None:
         oom_rank = [nn.name for nn, _p in span_nodes].index(oom_node.name)
         pid = span_nodes[oom_rank][1]
@@ -1251,10 +1251,10 @@ def _ray_container(cluster: SimCluster, node: str) -> str | None:
     return m.container if m else None
 
 
-def _ramp(node: str, t0: float, t1: float, nbytes: float):
+def _ramp(node: str, t0: float, t1: float, nbytes: float, reader: Curve | None = None):
     from sparkconsole.sim.model import CacheRamp
 
-    return CacheRamp(node, t0, max(t1, t0 + 1e-3), nbytes)
+    return CacheRamp(node, t0, max(t1, t0 + 1e-3), nbytes, reader)
 
 
 # ---- traffic (periodic lines once ready) -------------------------------------------------------
