@@ -493,7 +493,9 @@ class Lab:
         ``with_image=False`` leaves the Ray image out (a lab for the cleanup tests)."""
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        tag = tag or f"{os.getpid() % 1000:03d}{random.randrange(10)}"
+        if not tag:  # two labs of one test process (a session's lab and one a test builds) must not meet
+            free = [d for d in range(10) if not os.path.exists(f"/run/netns/sc{os.getpid() % 1000:03d}{d}a")]
+            tag = f"{os.getpid() % 1000:03d}{random.choice(free or list(range(10)))}"
         if not re.fullmatch(r"[a-z0-9]{1,5}", tag):
             raise ValueError(f"lab tag must be 1-5 of [a-z0-9]: {tag!r}")
         lab = cls(workdir=str(workdir), tag=tag, subnet=_free_subnet())
