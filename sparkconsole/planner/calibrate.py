@@ -260,8 +260,8 @@ def calibrate(spec: ModelSpec, lg: Logged, base: PlanOptions, change: Mapping[st
         else lg.enable_prefix_caching,
         max_num_batched_tokens=lg.max_num_batched_tokens or base.max_num_batched_tokens,
         node_memory_gib=lg.total_gib or base.node_memory_gib, force=True)
-    if (lg.pp or 1) > 1:
-        at = dataclasses.replace(at, pp=lg.pp, nodes=None)
+    if lg.pp is not None:  # the logged layout wins over the options' --pp
+        at = dataclasses.replace(at, pp=lg.pp, nodes=None if lg.pp > 1 else at.nodes)
     tp, _nodes, mml = resolve(spec, at)
     est = _plan(spec, at, explore=False)
     rules = rules_for(version)
