@@ -138,9 +138,9 @@ async def help_screen(pilot, app) -> None:
 
 async def node_down(pilot, app) -> None:
     await wait_ready(pilot, app)
+    await poll_ticks(pilot, app, ticks=8)  # the healthy ticks keep the usual timeout: a busy machine is slow
     for p in app.poller.pollers.values():
-        p.tick_timeout = 0.5
-    await poll_ticks(pilot, app, ticks=8)
+        p.tick_timeout = 0.5  # the ticks that wait for the silent worker end soon
     app.demo.sim_clock.advance(30)
     await poll_ticks(pilot, app, ticks=3)
 
