@@ -186,9 +186,9 @@ def test_a_pipeline_parallel_start_is_calibrated_stage_by_stage():
     the capacity once for the shared block pool. Read as a TP=1 start of the whole model, the stage's
     GiB would buy half the blocks; the calibration reads pipeline_parallel_size, takes the block count
     from the capacity lines and gives each stage that many blocks of its own layers."""
-    from sparkconsole.planner.plan import PlanOptions as P
     from sparkconsole.planner.weights import GIB
 
+    P = PlanOptions
     spec = load_spec(QWEN)
     p = plan(spec, P(tp=1, pp=2, kv_cache_dtype="fp8", max_model_len=131_072, vllm_version="0.17.0"))
     assert p.fits and p.nodes == 2

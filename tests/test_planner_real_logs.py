@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from sparkconsole.planner.calibrate import read_log
+from sparkconsole.planner.calibrate import calibrate, read_log
+from sparkconsole.planner.plan import PlanOptions
 from sparkconsole.planner.spec import SPECS_DIR, spec_from_config
 from sparkconsole.planner.weights import GIB, estimate_weights
 
@@ -329,7 +331,7 @@ def test_autoround_qwen3_32b_gptq_marlin_against_a_real_load():
     (-8%): the log itself says the 32B is untied. The log's KV line checks the geometry too: one request
     of 40,960 tokens "10.0 GiB KV cache is needed" = 64 layers x 2 x 8 x 128 x 2 B x 40,960."""
     text = (FIX / "qwen3-32b-autoround-w4a16-v0.19.1.log").read_text()
-    loads = {float(x) for x in __import__("re").findall(r"Model loading took (\d+\.\d+) GiB", text)}
+    loads = {float(x) for x in re.findall(r"Model loading took (\d+\.\d+) GiB", text)}
     assert loads == {18.03, 17.89}
     assert logged_gib("qwen3-32b-autoround-w4a16-v0.19.1.log") == 18.03
     q = json.loads("\n".join(line[4:] for line in text.splitlines() if line.startswith("#   ") and
@@ -435,9 +437,6 @@ def test_modelopt_mixed_qwen36_27b_nvfp4_against_a_real_gb10_load_and_its_kv_exa
     assert stored[0] < 20.42 + 0.005 and abs(stored[1] - 20.42) < 0.01
     assert est(True, False).per_rank_gib == pytest.approx(21.43, abs=0.01)     # lm_head bf16: ruled out
     # the KV cache, calibrated from this start: every logged capacity figure, exactly
-    from sparkconsole.planner.calibrate import calibrate
-    from sparkconsole.planner.plan import PlanOptions
-
     spec = spec_from_config({**cfg, "quantization_config": nvidia_qwen36_27b_mixed(True, True)},
                             "nvidia/Qwen3.6-27B-NVFP4", "test")
     cal = calibrate(spec, lg, PlanOptions())

@@ -775,8 +775,7 @@ class Weights(Step):
         async with self._link_lock:
             problems = await self._link_problems()
             if problems:
-                await self._offer_to_wait(n, problems[0])
-                self._link_back.add(n)
+                await self._offer_to_wait(n, problems[0])  # returns once the link is back (adds n)
             if ended and n in self._link_back:
                 self._link_back.discard(n)
                 return True
@@ -1019,7 +1018,8 @@ class Caches(Step):
         return [(n, drop_caches()) for n in self.f.nodes] if self.f.get("drop") else []
 
     async def apply(self) -> None:
-        await drop_page_cache(self.r, [n for n, _cmd in self.plan()])
+        if self.f.get("drop"):
+            await drop_page_cache(self.r, self.f.nodes)
 
 
 async def drop_page_cache(r: Runner, nodes: list[str]) -> None:
@@ -1425,7 +1425,7 @@ class Serve(Step):
         when the operator had it dropped before launch: the shards the killed start read sit there, and
         vLLM's start-up check counts only free memory (a retry failed it by 0.3-0.9 GiB on the demo)."""
         if self.f.get("drop"):
-            await drop_page_cache(self.r, list(self.f.nodes))
+            await drop_page_cache(self.r, self.f.nodes)
         if self.f.executor == "ray" and self.f.engine == "vllm":
             for s in [s for s in self.r.state.started if s.name == self.f.container("ray")]:
                 await self.r.change(s.node, docker_rm_force(s.name))

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkconsole.planner.quant import int_group
 from sparkconsole.planner.spec import QWEN_FP8_KEEP_BF16, Geometry, ModelSpec, Quant
 
 GIB = 1 << 30
@@ -352,9 +353,9 @@ def _part_bytes(part: Part, geo: Geometry, quant: Quant | None) -> tuple[float, 
         scales = math.ceil(r / blk[0]) * math.ceil(c / blk[1]) if blk else 1
         return float(n * (r * c + scales * 4)), True
     if quant.method in ("gptq", "awq") and quant.bits:
-        g = quant.group_size or c
-        groups = math.ceil(c / g) * r
-        return n * (r * c * quant.bits / 8 + groups * (2 + quant.bits / 8)), True
+        # only four_bit_per_rank comes here (a checkpoint's own gptq/awq block has a QuantFormat): the
+        # layout of quant.py's int_group with AWQ's zero points, the largest of the 4-bit variants
+        return n * int_group(quant.bits, quant.group_size, zero=True).bytes(r, c), True
     return float(part.numel * base), False
 
 
