@@ -27,6 +27,11 @@ class DemoFlow:
     transports: dict[str, Any]
     task: asyncio.Future
     events: list[tuple[float, Any]] = field(default_factory=list)
+    sent: list[tuple[float, str, str]] = field(default_factory=list)  # (sim time, node, shell text)
+
+    def sent_between(self, node: str, start: float, end: float, contains: str = "") -> list[str]:
+        """The commands the flow sent to ``node`` in [start, end] of sim time (reads included)."""
+        return [text for t, n, text in self.sent if n == node and start <= t <= end and contains in text]
 
     def now(self) -> float:
         return self.demo.sim.clock.now()
@@ -55,12 +60,15 @@ async def demo_flow(tmp_path: Path, presets: dict[str, str], *, speed: float, po
         config = demo.config
         state = DeploymentState.new(Options().model, Options().to_json(), config.name)
         transports = {n.name: node_transport(config, n) for n in config.nodes}
+        sent: list[tuple[float, str, str]] = []
+        for name, transport in transports.items():
+            transport.run = _recording(transport.run, name, sent, demo.sim.clock.now)
         runner = Runner(config=config, state=state, transports=transports,
                         answer=ScriptedAnswers(presets, auto=True), emit=emit,
                         store=StateStore(tmp_path / "deployments"),
                         settings=Settings(poll_s=poll_sim_s / speed, speed=speed))
         flow = Flow(runner, Options())
-        run = DemoFlow(demo, flow, transports, asyncio.ensure_future(run_flow(flow)))
+        run = DemoFlow(demo, flow, transports, asyncio.ensure_future(run_flow(flow)), sent=sent)
         try:
             yield run
         finally:
@@ -68,3 +76,13 @@ async def demo_flow(tmp_path: Path, presets: dict[str, str], *, speed: float, po
             await asyncio.gather(run.task, return_exceptions=True)
             for t in transports.values():
                 await t.close()
+
+
+def _recording(run: Callable[..., Any], node: str, sent: list[tuple[float, str, str]],
+               now: Callable[[], float]) -> Callable[..., Any]:
+    """``transport.run`` that first notes what it sends and when (sim time): the fault tests count
+    the polls between a fault and its diagnosis, never wall seconds."""
+    async def recorded(cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append((now(), node, cmd.shell()))
+        return await run(cmd, *args, **kwargs)
+    return recorded

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -199,7 +200,17 @@ async def _serve_fault(tmp_path, fault: str, presets: dict[str, str], on: int = 
     asked_t, asked = decisions[0]
     answered = next(e for _t, e in decisions if e.answer is not None)
     shards = [e for t, e in events if e.kind == "progress" and e.label == "weights" and t <= killed_at]
-    return outcome, events, asked, answered, asked_t - killed_at, shards[-1].detail
+    # the serve step's polls of the engine log (``tail -c +N …/serve.log`` on the head) from the kill
+    # to the question: counted, not timed, so a busy machine reads the same as an idle one
+    head_node = next(iter(run.demo.sim.nodes))
+    polls = len(run.sent_between(head_node, killed_at, asked_t, contains="/serve.log"))
+    return outcome, events, asked, answered, Detection(asked_t - killed_at, polls), shards[-1].detail
+
+
+@dataclass(frozen=True)
+class Detection:
+    sim_s: float   # for the record only: sim time runs on with the wall clock at SPEED
+    polls: int     # log polls between the kill and the failure decision
 
 
 async def test_docker_kill_while_the_weights_load_is_classified_within_two_polls_and_started_again(tmp_path):
@@ -214,7 +225,7 @@ async def test_docker_kill_while_the_weights_load_is_classified_within_two_polls
     assert "journalctl -k | grep -i oom" in asked.measured[-1] and "earlyoom" in asked.measured[-1]
     values = [o["value"] for o in asked.options]
     assert values[0] == "again" and "stop" in values and asked.recommended == "again"
-    assert detected <= 3 * POLL_SIM_S + 2.0, detected  # a couple of polls, not hang_after_s (600 s)
+    assert 1 <= detected.polls <= 2, detected  # a couple of polls, not hang_after_s (600 s of quiet log)
     assert not any(e.kind == "decision" and e.id == "serve.hang" for _t, e in events)
     # "start again": the Ray cluster formed again, vLLM loaded again, and it serves
     assert answered.answer == "again"
@@ -230,7 +241,7 @@ async def test_docker_kill_while_the_weights_load_is_classified_within_two_polls
     assert "the page cache dropped again first" in next(o["why"] for o in asked.options if o["value"] == "again")
     assert outcome.ok, outcome.result.message
     print(f"\ndocker kill of the Ray head's container at {shards}: classified 'killed' "
-          f"{detected:.1f} sim s later ({detected / POLL_SIM_S:.1f} polls of {POLL_SIM_S:.0f} s): {proof[:150]}; "
+          f"{detected.polls} log polls later ({detected.sim_s:.1f} sim s): {proof[:150]}; "
           f"started again and served")
 
 
@@ -244,11 +255,11 @@ async def test_the_kernels_oom_kill_while_the_weights_load_is_oom_and_offers_the
     values = [o["value"] for o in asked.options]
     assert "back-plan" in values and "shorter" in values and asked.recommended in ("shorter", "back-plan")
     assert "gpu-memory-utilization" in asked.measured[-1]
-    assert detected <= 3 * POLL_SIM_S + 2.0, detected
+    assert 1 <= detected.polls <= 2, detected
     assert not outcome.ok and outcome.stopped_at == "serve" and "(oom)" in outcome.result.message
     assert answered.answer == "stop" and not any(e.kind == "decision" and e.id == "serve.hang" for _t, e in events)
     print(f"\nthe kernel's OOM killer ended the Ray head's container at {shards}: classified 'oom' "
-          f"{detected:.1f} sim s later; offered {values}: {proof[:150]}")
+          f"{detected.polls} log polls later; offered {values}: {proof[:150]}")
 
 
 async def test_a_ray_workers_container_killed_while_the_head_still_logs_is_seen_within_three_polls(tmp_path):
@@ -259,6 +270,6 @@ async def test_a_ray_workers_container_killed_while_the_head_still_logs_is_seen_
     proof = asked.measured[0]
     assert proof.startswith("spark-5be3: container sparkconsole-ray-") and "killed with SIGKILL" in proof, proof
     assert "while loading weights, shard" in proof
-    assert detected <= 3 * POLL_SIM_S * 1.5 + 2.0, detected
+    assert 1 <= detected.polls <= 3, detected  # the containers are read every third poll at least
     assert not outcome.ok and outcome.stopped_at == "serve"
-    print(f"\ndocker kill of the Ray worker's container at {shards}: classified 'killed' {detected:.1f} sim s later")
+    print(f"\ndocker kill of the Ray worker's container at {shards}: classified 'killed' {detected.polls} log polls later")

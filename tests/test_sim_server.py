@@ -219,7 +219,7 @@ async def test_the_lost_node_is_not_up_after_its_delay_and_the_head_still_is():
     async with start_demo_cluster(scenario="node-lost", clock=clock) as demo:
         clock.advance(30)
         assert await wait_until(lambda: demo.servers[WORKER].frozen), "the worker was not lost"
-        states = {s.name: s for s in await snapshot_cluster(demo.config, timeout=2)}
+        states = {s.name: s for s in await snapshot_cluster(demo.config, timeout=5)}
         assert states[HEAD].status is NodeStatus.UP
         assert states[WORKER].status is not NodeStatus.UP
 

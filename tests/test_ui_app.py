@@ -21,7 +21,15 @@ from sparkconsole.ui.screens.logs import LogScreen
 from sparkconsole.ui.screens.node_detail import NodeDetailScreen
 from sparkconsole.ui.screens.overview import OverviewScreen
 from sparkconsole.ui.widgets.node_card import NodeCard
-from tests.ui_support import demo_app, poll_ticks, run_actions, settle_log, started, wait_ready
+from tests.ui_support import (
+    demo_app,
+    expect_silence,
+    poll_ticks,
+    run_actions,
+    settle_log,
+    started,
+    wait_ready,
+)
 
 SIZE = (160, 48)
 
@@ -295,10 +303,9 @@ async def test_a_lost_node_goes_stale_then_down_and_never_blocks_the_other(tmp_p
     app = demo_app(tmp_path, scenario="node-lost")
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot, app)
-        for p in app.poller.pollers.values():
-            p.tick_timeout = 1.0
         await poll_ticks(pilot, app, ticks=2)
         assert all(s.status is NodeStatus.UP for s in app.states())
+        expect_silence(app, "spark-5be3", wait=1.0)
         app.demo.sim_clock.advance(30)  # past the worker's lost_at
         await poll_ticks(pilot, app, ticks=1)
         head, worker = app.states()

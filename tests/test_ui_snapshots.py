@@ -22,9 +22,8 @@ from tests.ui_support import (
     link_down,
     node_detail,
     node_down,
+    node_stale,
     overview,
-    poll_ticks,
-    wait_ready,
     weights_loading,
 )
 
@@ -49,15 +48,6 @@ def _snap(snap_compare, tmp_path, scenario, scene, nodes: int = 2) -> bool:
         await scene(pilot, app)
 
     return snap_compare(app, terminal_size=SIZE, run_before=run_before)
-
-
-async def node_stale(pilot, app) -> None:
-    await wait_ready(pilot, app)
-    await poll_ticks(pilot, app, ticks=8)  # the healthy ticks keep the usual timeout: a busy machine is slow
-    for p in app.poller.pollers.values():
-        p.tick_timeout = 0.5  # the tick that waits for the silent worker ends soon
-    app.demo.sim_clock.advance(30)  # the worker stops answering
-    await poll_ticks(pilot, app, ticks=1)
 
 
 def test_all_up(snap_compare, tmp_path):

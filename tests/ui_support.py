@@ -59,14 +59,30 @@ def demo_app(tmp_path, scenario: str = "story", *, read_only: bool = False, node
     )
 
 
-async def wait_ready(pilot, app: SparkConsoleApp, timeout: float = 20.0) -> None:
-    """Until the demo runs and the overview is up."""
+# How long a tick the test drives waits for its node's answer. The tests set the pace, not the
+# console's interval: on a busy machine twelve SSH handshakes and probes can take longer than one
+# interval, and a tick that gave up early would draw a gap, a "connecting", a different picture.
+PATIENCE_S = 120.0
+
+
+async def wait_ready(pilot, app: SparkConsoleApp, timeout: float = 120.0) -> None:
+    """Until the demo runs and the overview is up; from then on every tick the test drives waits
+    for its answer (``PATIENCE_S``), whatever the speed of the machine."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while app.poller is None or not app.screen_stack or type(app.screen).__name__ != "OverviewScreen":
         if loop.time() > end:
             raise TimeoutError("the console did not start")
         await pilot.pause(0.05)
+    for p in app.poller.pollers.values():
+        p.patience = PATIENCE_S
+
+
+def expect_silence(app: SparkConsoleApp, node: str, wait: float = 0.5) -> None:
+    """``node`` is about to stop answering: its ticks give up after ``wait`` seconds. An answer that
+    never comes is missed whatever the machine's speed; every other node keeps waiting for its own."""
+    assert app.poller is not None
+    app.poller.pollers[node].patience = wait
 
 
 async def poll_ticks(pilot, app: SparkConsoleApp, ticks: int = 6, step: float = 2.0,
@@ -137,12 +153,17 @@ async def help_screen(pilot, app) -> None:
 
 
 async def node_down(pilot, app) -> None:
-    await wait_ready(pilot, app)
-    await poll_ticks(pilot, app, ticks=8)  # the healthy ticks keep the usual timeout: a busy machine is slow
-    for p in app.poller.pollers.values():
-        p.tick_timeout = 0.5  # the ticks that wait for the silent worker end soon
+    await started(pilot, app, ticks=8)
+    expect_silence(app, app.config.nodes[-1].name)  # the node-lost scenario's last node
     app.demo.sim_clock.advance(30)
     await poll_ticks(pilot, app, ticks=3)
+
+
+async def node_stale(pilot, app) -> None:
+    await started(pilot, app, ticks=8)
+    expect_silence(app, app.config.nodes[-1].name)
+    app.demo.sim_clock.advance(30)  # the worker stops answering
+    await poll_ticks(pilot, app, ticks=1)
 
 
 async def link_down(pilot, app) -> None:

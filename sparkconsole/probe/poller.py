@@ -80,11 +80,17 @@ class NodePoller:
         self._answer_s = 0.0  # how long the last answer took
         self._tick = 0
         self._lock = asyncio.Lock()
+        # How long a tick waits for its answer when the caller, not the interval, sets the pace:
+        # a driver that steps the polls itself (tests, the screenshot script) sets it so that how
+        # busy the laptop is never decides what a tick reads. ``None``: the console's own pace.
+        self.patience: float | None = None
 
     @property
     def answer_timeout(self) -> float:
         """How long one tick waits: about one interval (more for a node whose answers are slow),
-        never more than ``tick_timeout``."""
+        never more than ``tick_timeout``; ``patience`` when set."""
+        if self.patience is not None:
+            return self.patience
         return min(self.tick_timeout, max(self.interval, 1.0, 3 * self._answer_s))
 
     async def _read_tick(self, process: LongProcess) -> list[str]:
@@ -297,6 +303,7 @@ async def snapshot_cluster(
     poller = ClusterPoller(config, transport_factory=transport_factory)
     for p in poller.pollers.values():
         p.tick_timeout = timeout
+        p.patience = timeout  # one shot: the node has the whole timeout to connect and answer
     try:
         return await poller.poll_all()
     finally:

@@ -300,11 +300,15 @@ class SparkConsoleApp(App[int]):
             return
         state = self.poller.pollers[name].state
         before = self._last_status.get(name)
-        if state.status is not before and not (before is None and state.status is NodeStatus.UP):
-            severity = {"up": "info", "stale": "warning", "down": "critical"}.get(state.status.value, "info")
-            self.add_event(severity, f"{name}: {state.status.value}" + ("" if state.status is NodeStatus.UP
-                                                                           else f" — {state.reason}"))
-        self._last_status[name] = state.status
+        # The first connection is not news, however long it takes: a node still connecting has no
+        # status yet, and its first settled one is an event only when it is bad (down at start).
+        # So the strip says the same on a fast laptop and a busy one.
+        if state.status is not NodeStatus.CONNECTING or before is not None:
+            if state.status is not before and not (before is None and state.status is NodeStatus.UP):
+                severity = {"up": "info", "stale": "warning", "down": "critical"}.get(state.status.value, "info")
+                self.add_event(severity, f"{name}: {state.status.value}" + ("" if state.status is NodeStatus.UP
+                                                                               else f" — {state.reason}"))
+            self._last_status[name] = state.status
         # an alert is one event while it lasts: its identity is kind + node + subject, not its
         # text, which carries live numbers (MemAvailable 7.3 GiB, 7.2 GiB, ...)
         current = {a.key: a for a in (self.alerts() if alerts is None else alerts)
