@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -494,6 +494,109 @@ def _names_in_list(text: str) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------------------------
+# Line rules: the shape of one row of ``LINE_RULES`` (the table itself follows the tracker,
+# whose methods its special cases are)
+
+
+def _text_or_none(text: str) -> str | None:
+    """tqdm's rate field as shown (``1.23s/it``), ``None`` when the bar has none yet."""
+    return text.strip() or None
+
+
+def _rate_seconds(text: str) -> float | None:
+    """tqdm's rate field as seconds per shard, whichever way round tqdm printed it."""
+    return _seconds_per_it(text.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    """The record a rule looks at: its text (stripped), its log level, whether it was re-joined
+    from a hard-wrapped pair (a launch line read twice that way must not count as a restart)."""
+
+    text: str
+    level: str | None
+    rejoined: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """One report field read from one group of a rule's match.
+
+    ``group`` may name several groups (alternatives of one pattern): the first that took part.
+    ``rank`` makes the field a best-source value (the model, the version): a source of lower
+    rank never replaces one of higher rank, and an empty value is ignored. ``keep_first`` leaves
+    a value already read (a failure message repeating a number vLLM logged before), and
+    ``optional`` leaves the field alone when the group did not take part."""
+
+    field: str
+    group: str | tuple[str, ...]
+    convert: Callable[[str], Any] | None = None
+    rank: int | None = None
+    keep_first: bool = False
+    optional: bool = False
+
+    def read(self, m: re.Match[str]) -> str | None:
+        """The group's text, or the first alternative group that took part."""
+        if isinstance(self.group, str):
+            return m.group(self.group)
+        for name in self.group:
+            text = m.group(name)
+            if text is not None:
+                return text
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class LineRule:
+    """One kind of vLLM line and what it says about the run, as data rather than code.
+
+    vLLM's progress lines differ from version to version; keeping each kind as one row (the
+    pattern, the phase it implies, the fields it fills) means supporting a new line format is one
+    new row. Rows apply in table order, which matters where one line matches several (the phase
+    timeline only moves forward). Only what plain data cannot say is a ``handler``, a tracker
+    method that runs first (a launch line may start a new run, which the row's effects belong to).
+
+    ``group`` names an either-or set of rows: on one line only the first of them that matches
+    applies, as alternatives of one statement would. ``when`` is a check on the line that must
+    also hold (a cheap guard, or a condition a pattern cannot express). ``seen`` marks the log as
+    a vLLM log; ``loading`` means the line proves weight loading has begun (state ``loading``).
+    ``writes`` lists the fields the handler fills, so the table names every field a line feeds."""
+
+    pattern: re.Pattern[str]
+    phase: str | None = None
+    sets: tuple[Capture, ...] = ()
+    seen: bool = True
+    loading: bool = False
+    at_start: bool = False  # the pattern must match at the start of the line, not anywhere
+    group: str | None = None
+    when: Callable[[_Line], bool] | None = None
+    handler: Callable[[VllmLogTracker, re.Match[str], _Line], None] | None = None
+    writes: tuple[str, ...] = ()
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Every report field this kind of line may fill."""
+        return tuple(c.field for c in self.sets) + self.writes
+
+
+def _has_banner_art(line: _Line) -> bool:
+    """The >= 0.16 banner's ``version``/``model`` rows are only read beside its block art: bare,
+    such words end many other lines."""
+    return bool(_BANNER_ART.search(line.text))
+
+
+def _names_args(line: _Line) -> bool:
+    """A cheap guard: both argument dumps hold the word, and scanning them costs on long lines."""
+    return "args" in line.text
+
+
+def _is_ready_record(line: _Line) -> bool:
+    """Whether the line can be the server's own ready message: a log record (uvicorn's ``INFO:``)
+    or a bare line that starts with it; the words further into a bare line are not."""
+    return line.level is not None or line.text.startswith("Application startup complete")
+
+
+# --------------------------------------------------------------------------------------------
 # Tracker
 
 
@@ -526,8 +629,7 @@ class VllmLogTracker:
         self._phase: str | None = None
         self._events: list[tuple[str, int]] = []
         self._v: dict[str, Any] = {}
-        self._version_rank = 0
-        self._model_rank = 0
+        self._ranks: dict[str, int] = {}  # field -> rank of the source its value came from
         self._remote_ips: list[str] = []
         self._unsupported: list[str] = []
         self._tb_open = False  # inside a Python traceback (its frames and exception lines)
@@ -660,210 +762,100 @@ class VllmLogTracker:
     def _handle(
         self, msg: str, *, level: str | None, ip: str | None, has_process: bool, rejoined: bool = False
     ) -> None:
+        """Apply every rule of ``LINE_RULES`` that matches the record, in table order, then
+        look for a failure (which reads whatever the line is)."""
         text = msg.strip()
         if not text:
             return
-        v = self._v
-
-        # launch / version lines (a new launch after loading began is a restart)
-        version: str | None = None
-        rank = 0
-        m = _API_VERSION.search(text)
-        if m:
-            version, rank = m.group("v"), 3
-        else:
-            m = _SERVER_VERSION.search(text)
-            if m:
-                version, rank = m.group("v"), 3
-                self._set_model(m.group("m"), 3)
-            elif _BANNER_ART.search(text):
-                m = _BANNER_VERSION.search(text)
-                if m:
-                    version, rank = m.group("v"), 3
-        if version is not None:
-            if not rejoined and (self._level >= 1 or self._failed):
-                self._restarts += 1
-                self._reset_run()
-                v = self._v
-            self._seen = True
-            if rank >= self._version_rank:
-                v["vllm_version"] = version
-                self._version_rank = rank
-            self._enter_phase(PHASE_STARTING)
-        m = _ENGINE_VERSION.search(text)
-        if m:
-            self._seen = True
-            if self._version_rank <= 1:
-                v["vllm_version"] = m.group("v")
-                self._version_rank = 1
-            cm = _CONFIG_MODEL.search(text)
-            if cm:
-                self._set_model(cm.group("m"), 1)
-        if _BANNER_ART.search(text):
-            m = _BANNER_MODEL.search(text)
-            if m:
-                self._seen = True
-                self._set_model(m.group("m"), 3)
-                # The >= 0.16 banner names the model once the engine for it is being built:
-                # from here the operator is waiting on that model (expected.json, log 20).
-                self._to_loading()
-        if "args" in text:
-            m = _ARGS_MODEL.search(text)
-            if m:
-                self._seen = True
-                self._set_model(m.group("m1") or m.group("m2"), 2)
-            else:
-                m = _ARGS_MODEL_TAG.search(text)
-                if m:
-                    self._seen = True
-                    self._set_model(m.group("m"), 2)
-        m = _ARCH.search(text)
-        if m:
-            self._seen = True
-            v["architecture"] = m.group("a")
-        m = _MAX_LEN.search(text)
-        if m:
-            v["max_model_len"] = int(m.group("n"))
-
-        # Ray / placement group: counts as loading (the contract)
-        if _RAY_WAIT.search(text):
-            self._seen = True
-            self._to_loading()
-            self._enter_phase(PHASE_RAY_WAIT)
-        elif _RAY_CONNECT.search(text):
-            self._seen = True
-
-        # weight loading
-        m = _START_LOAD.search(text)
-        if m:
-            self._seen = True
-            self._set_model(m.group("m").strip(), 1)
-            self._to_loading()
-            self._enter_phase(PHASE_LOADING)
-        m = _SHARD_BAR.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            self._enter_phase(PHASE_LOADING)
-            n, total = int(m.group("n")), int(m.group("total"))
-            if v.get("shards_total") != total:
-                v["shards_total"] = total
-                v["shards_done"] = n
-            else:
-                v["shards_done"] = max(v.get("shards_done") or 0, n)
-            v["shard_desc"] = m.group("desc")
-            v["shard_percent"] = int(m.group("pct"))
-            v["shard_elapsed_s"] = _clock_seconds(m.group("elapsed"))
-            v["shard_eta_s"] = _clock_seconds(m.group("remaining"))
-            rate = m.group("rate").strip()
-            v["shard_rate"] = rate or None
-            v["shard_seconds_per_it"] = _seconds_per_it(rate)
-        m = _WEIGHTS_TOOK.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["weights_seconds"] = _num(m.group("sec"))
-        m = _MODEL_LOADING.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["model_load_gib"] = _num(m.group("gib"))
-            if m.group("sec"):
-                v["load_seconds"] = _num(m.group("sec"))
-
-        # compile / profile / KV cache / CUDA graphs
-        if _COMPILE.search(text):
-            self._seen = True
-            self._to_loading()
-            self._enter_phase(PHASE_COMPILING)
-        m = _COMPILE_DONE.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["compile_seconds"] = _num(m.group("sec"))
-            if self._phase == PHASE_COMPILING:
-                self._enter_phase(PHASE_PROFILING)
-        if _PROFILING.search(text):
-            self._seen = True
-            self._to_loading()
-            self._enter_phase(PHASE_PROFILING)
-        m = _KV_GIB.search(text) or _KV_GIB_V06.search(text) or _KV_GIB_V0.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["kv_cache_gib"] = _num(m.group("gib"))
-            self._enter_phase(PHASE_KV_CACHE)
-        m = _KV_TOKENS.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["kv_cache_tokens"] = _int(m.group("tok"))
-            self._enter_phase(PHASE_KV_CACHE)
-        m = _CONCURRENCY.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["max_concurrency"] = _num(m.group("x"))
-            self._enter_phase(PHASE_KV_CACHE)
-        m = _GPU_BLOCKS.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["gpu_blocks"] = int(m.group("n"))
-        m = _GRAPH_BAR.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            self._enter_phase(PHASE_CUDA_GRAPHS)
-            v["cuda_graph_done"] = int(m.group("n"))
-            v["cuda_graph_total"] = int(m.group("total"))
-            mode = m.group("mode")
-            v["cuda_graph_mode"] = f"{mode.strip()}, {m.group('rt')}" if mode else None
-        elif _GRAPH_START.search(text):
-            self._seen = True
-            self._to_loading()
-            self._enter_phase(PHASE_CUDA_GRAPHS)
-        m = _GRAPH_DONE.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["cuda_graph_seconds"] = _num(m.group("sec"))
-        m = _INIT_ENGINE.search(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["init_engine_seconds"] = _num(m.group("sec"))
-            self._enter_phase(PHASE_API_SERVER)
-
-        # listening, ready
-        m = _LISTEN.match(text)
-        if m:
-            self._seen = True
-            self._to_loading()
-            v["port"] = int(m.group("port"))
-            v["listen_url"] = m.group("url")
-            self._enter_phase(PHASE_API_SERVER)
-        if _READY.search(text) and (level is not None or text.startswith("Application startup complete")):
-            self._seen = True
-            if not self._failed:
-                self._level = 2
-                self._enter_phase(PHASE_READY)
-
-        # failure details (read whatever the line is)
-        m = _ESTIMATED_LEN.search(text)
-        if m:
-            v["estimated_max_model_len"] = int(m.group("n"))
-        m = _KV_NEEDED.search(text)
-        if m:
-            v["kv_cache_needed_gib"] = _num(m.group("need"))
-            v.setdefault("kv_cache_gib", _num(m.group("avail")))
-            v.setdefault("max_model_len", int(m.group("len")))
-        m = _V0_KV_SMALL.search(text)
-        if m:
-            v["estimated_max_model_len"] = int(m.group("n"))
-            v.setdefault("max_model_len", int(m.group("len")))
-
+        line = _Line(text, level, rejoined)
+        taken: list[str] = []  # either-or groups already decided on this line
+        for rule in LINE_RULES:
+            if rule.group is not None and rule.group in taken:
+                continue
+            if rule.when is not None and not rule.when(line):
+                continue
+            m = rule.pattern.match(text) if rule.at_start else rule.pattern.search(text)
+            if m is None:
+                continue
+            if rule.group is not None:
+                taken.append(rule.group)
+            self._apply(rule, m, line)
         self._check_failure(text, msg, level=level, ip=ip)
+
+    def _apply(self, rule: LineRule, m: re.Match[str], line: _Line) -> None:
+        """One matching rule's effects: its handler first, then its flags, phase and fields."""
+        if rule.handler is not None:
+            rule.handler(self, m, line)
+        if rule.seen:
+            self._seen = True
+        if rule.loading:
+            self._to_loading()
+        if rule.phase is not None:
+            self._enter_phase(rule.phase)
+        v = self._v
+        for capture in rule.sets:
+            value: Any = capture.read(m)
+            if value is None and capture.optional:
+                continue
+            if capture.convert is not None:
+                value = capture.convert(value)
+            if capture.rank is not None:
+                self._set_ranked(capture.field, value, capture.rank)
+            elif capture.keep_first:
+                v.setdefault(capture.field, value)
+            else:
+                v[capture.field] = value
+
+    # -- rule handlers: what a row of LINE_RULES cannot say as data -------------------------
+    def _on_launch(self, m: re.Match[str], line: _Line) -> None:
+        """A version line starts a launch: after loading had begun (or failed) it is a new run
+        of a restarting container, which gets a fresh report (a re-joined copy of the line is
+        the same launch, read again)."""
+        if not line.rejoined and (self._level >= 1 or self._failed):
+            self._restarts += 1
+            self._reset_run()
+
+    def _on_server_launch(self, m: re.Match[str], line: _Line) -> None:
+        """``vLLM server version X, serving model Y``: the model, then the launch. The model is
+        noted before a restart would reset the run, so after a restart this line's model is
+        dropped while its version (a capture, read after the reset) is kept; kept as it was."""
+        self._set_ranked("model", m.group("m"), 3)
+        self._on_launch(m, line)
+
+    def _on_engine_version(self, m: re.Match[str], line: _Line) -> None:
+        """The engine line may also print its config, whose ``model='…'`` names the model (the
+        weakest source of the name, rank 1)."""
+        cm = _CONFIG_MODEL.search(line.text)
+        if cm:
+            self._set_ranked("model", cm.group("m"), 1)
+
+    def _on_shard_bar(self, m: re.Match[str], line: _Line) -> None:
+        """Shards done never go back within one bar (a rank's stale update must not undo
+        progress); a bar with another total is another loader's and starts the count again."""
+        v = self._v
+        n, total = int(m.group("n")), int(m.group("total"))
+        if v.get("shards_total") != total:
+            v["shards_total"] = total
+            v["shards_done"] = n
+        else:
+            v["shards_done"] = max(v.get("shards_done") or 0, n)
+
+    def _on_compile_done(self, m: re.Match[str], line: _Line) -> None:
+        """Compiling ends when torch.compile reports its total; vLLM profiles memory next."""
+        if self._phase == PHASE_COMPILING:
+            self._enter_phase(PHASE_PROFILING)
+
+    def _on_graph_bar(self, m: re.Match[str], line: _Line) -> None:
+        """Some bars name the capture and runtime modes (``mixed prefill-decode, PIECEWISE``),
+        shown together; a bar without them clears the last one's."""
+        mode = m.group("mode")
+        self._v["cuda_graph_mode"] = f"{mode.strip()}, {m.group('rt')}" if mode else None
+
+    def _on_ready(self, m: re.Match[str], line: _Line) -> None:
+        """The server answers: ``ready``, unless the run already failed."""
+        if not self._failed:
+            self._level = 2
+            self._enter_phase(PHASE_READY)
 
     def _track_traceback(self, text: str, msg: str, level: str | None) -> None:
         """Follow a Python traceback (plain, or logged line by line at ERROR as the engine core
@@ -973,12 +965,14 @@ class VllmLogTracker:
         self._phase = phase
         self._events.append((phase, self._line_no))
 
-    def _set_model(self, model: str | None, rank: int) -> None:
-        if not model:
+    def _set_ranked(self, field: str, value: Any, rank: int) -> None:
+        """A value several lines state, some more reliably than others (the model, the version):
+        a source never overrides one of higher rank; an empty value is not a value."""
+        if not value:
             return
-        if rank >= self._model_rank:
-            self._v["model"] = model
-            self._model_rank = rank
+        if rank >= self._ranks.get(field, 0):
+            self._v[field] = value
+            self._ranks[field] = rank
 
     # -- report ----------------------------------------------------------------------------
     def _build(self) -> VllmLogReport:
@@ -1000,9 +994,10 @@ class VllmLogTracker:
             # no recognised cause: the traceback is the evidence, from its first line to its last
             proof = (self._tb_first,) if not self._tb_last else (self._tb_first, self._tb_last)
             failure_line = " … ".join(proof)
-        values = {k: v.get(k) for k in _VALUE_KEYS}
-        if values["load_seconds"] is None:
-            values["load_seconds"] = values["weights_seconds"]
+        # the values read from lines (``LINE_RULES``, failure details) are report fields by name
+        values = dict(v)
+        if values.get("load_seconds") is None:
+            values["load_seconds"] = v.get("weights_seconds")
         report = VllmLogReport(
             state=state,  # type: ignore[arg-type]
             failure_kind=self._kind if self._failed else None,  # type: ignore[arg-type]
@@ -1025,37 +1020,153 @@ class VllmLogTracker:
         return replace(report, advice=advice)
 
 
-_VALUE_KEYS = (
-    "shards_done",
-    "shards_total",
-    "model_load_gib",
-    "kv_cache_gib",
-    "kv_cache_tokens",
-    "max_concurrency",
-    "port",
-    "vllm_version",
-    "model",
-    "architecture",
-    "unsupported_model_type",
-    "max_model_len",
-    "listen_url",
-    "shard_desc",
-    "shard_percent",
-    "shard_elapsed_s",
-    "shard_eta_s",
-    "shard_rate",
-    "shard_seconds_per_it",
-    "weights_seconds",
-    "load_seconds",
-    "compile_seconds",
-    "cuda_graph_done",
-    "cuda_graph_total",
-    "cuda_graph_mode",
-    "cuda_graph_seconds",
-    "init_engine_seconds",
-    "gpu_blocks",
-    "kv_cache_needed_gib",
-    "estimated_max_model_len",
+# --------------------------------------------------------------------------------------------
+# The line rules, in the order they apply (research §1)
+
+_LAUNCH = "launch"  # either-or groups: one line is one of these, never two
+_ARGS = "args"
+_RAY = "ray"
+_KV_MEMORY = "kv memory"
+_GRAPHS = "cuda graphs"
+
+LINE_RULES: tuple[LineRule, ...] = (
+    # launch / version lines (a new launch after loading began is a restart)
+    LineRule(
+        _API_VERSION,
+        group=_LAUNCH,
+        handler=VllmLogTracker._on_launch,
+        phase=PHASE_STARTING,
+        sets=(Capture("vllm_version", "v", rank=3),),
+    ),
+    LineRule(
+        _SERVER_VERSION,
+        group=_LAUNCH,
+        handler=VllmLogTracker._on_server_launch,
+        writes=("model",),
+        phase=PHASE_STARTING,
+        sets=(Capture("vllm_version", "v", rank=3),),
+    ),
+    LineRule(
+        _BANNER_VERSION,
+        when=_has_banner_art,
+        group=_LAUNCH,
+        handler=VllmLogTracker._on_launch,
+        phase=PHASE_STARTING,
+        sets=(Capture("vllm_version", "v", rank=3),),
+    ),
+    LineRule(
+        _ENGINE_VERSION,
+        handler=VllmLogTracker._on_engine_version,
+        writes=("model",),
+        sets=(Capture("vllm_version", "v", rank=1),),
+    ),
+    # The >= 0.16 banner names the model once the engine for it is being built: from here the
+    # operator is waiting on that model (expected.json, log 20).
+    LineRule(_BANNER_MODEL, when=_has_banner_art, loading=True, sets=(Capture("model", "m", rank=3),)),
+    LineRule(_ARGS_MODEL, when=_names_args, group=_ARGS, sets=(Capture("model", ("m1", "m2"), rank=2),)),
+    LineRule(_ARGS_MODEL_TAG, when=_names_args, group=_ARGS, sets=(Capture("model", "m", rank=2),)),
+    LineRule(_ARCH, sets=(Capture("architecture", "a"),)),
+    LineRule(_MAX_LEN, seen=False, sets=(Capture("max_model_len", "n", int),)),
+    # Ray / placement group: counts as loading (the contract)
+    LineRule(_RAY_WAIT, group=_RAY, loading=True, phase=PHASE_RAY_WAIT),
+    LineRule(_RAY_CONNECT, group=_RAY),
+    # weight loading
+    LineRule(
+        _START_LOAD, loading=True, phase=PHASE_LOADING, sets=(Capture("model", "m", str.strip, rank=1),)
+    ),
+    LineRule(
+        _SHARD_BAR,
+        loading=True,
+        phase=PHASE_LOADING,
+        handler=VllmLogTracker._on_shard_bar,
+        writes=("shards_done", "shards_total"),
+        sets=(
+            Capture("shard_desc", "desc"),
+            Capture("shard_percent", "pct", int),
+            Capture("shard_elapsed_s", "elapsed", _clock_seconds),
+            Capture("shard_eta_s", "remaining", _clock_seconds),
+            Capture("shard_rate", "rate", _text_or_none),
+            Capture("shard_seconds_per_it", "rate", _rate_seconds),
+        ),
+    ),
+    LineRule(_WEIGHTS_TOOK, loading=True, sets=(Capture("weights_seconds", "sec", _num),)),
+    LineRule(
+        _MODEL_LOADING,
+        loading=True,
+        sets=(
+            Capture("model_load_gib", "gib", _num),
+            Capture("load_seconds", "sec", _num, optional=True),
+        ),
+    ),
+    # compile / profile / KV cache / CUDA graphs
+    LineRule(_COMPILE, loading=True, phase=PHASE_COMPILING),
+    LineRule(
+        _COMPILE_DONE,
+        loading=True,
+        handler=VllmLogTracker._on_compile_done,
+        sets=(Capture("compile_seconds", "sec", _num),),
+    ),
+    LineRule(_PROFILING, loading=True, phase=PHASE_PROFILING),
+    # the KV cache's size: today's line, then 0.6's and V0's wordings of it
+    *(
+        LineRule(
+            pattern,
+            group=_KV_MEMORY,
+            loading=True,
+            phase=PHASE_KV_CACHE,
+            sets=(Capture("kv_cache_gib", "gib", _num),),
+        )
+        for pattern in (_KV_GIB, _KV_GIB_V06, _KV_GIB_V0)
+    ),
+    LineRule(_KV_TOKENS, loading=True, phase=PHASE_KV_CACHE, sets=(Capture("kv_cache_tokens", "tok", _int),)),
+    LineRule(_CONCURRENCY, loading=True, phase=PHASE_KV_CACHE, sets=(Capture("max_concurrency", "x", _num),)),
+    LineRule(_GPU_BLOCKS, loading=True, sets=(Capture("gpu_blocks", "n", int),)),
+    LineRule(
+        _GRAPH_BAR,
+        group=_GRAPHS,
+        loading=True,
+        phase=PHASE_CUDA_GRAPHS,
+        handler=VllmLogTracker._on_graph_bar,
+        writes=("cuda_graph_mode",),
+        sets=(Capture("cuda_graph_done", "n", int), Capture("cuda_graph_total", "total", int)),
+    ),
+    LineRule(_GRAPH_START, group=_GRAPHS, loading=True, phase=PHASE_CUDA_GRAPHS),
+    LineRule(_GRAPH_DONE, loading=True, sets=(Capture("cuda_graph_seconds", "sec", _num),)),
+    LineRule(
+        _INIT_ENGINE,
+        loading=True,
+        phase=PHASE_API_SERVER,
+        sets=(Capture("init_engine_seconds", "sec", _num),),
+    ),
+    # listening, ready
+    LineRule(
+        _LISTEN,
+        at_start=True,
+        loading=True,
+        phase=PHASE_API_SERVER,
+        sets=(Capture("port", "port", int), Capture("listen_url", "url")),
+    ),
+    LineRule(_READY, when=_is_ready_record, handler=VllmLogTracker._on_ready),
+    # failure details: numbers a failure message states, read whatever the line is (they do not
+    # by themselves make the log a vLLM log)
+    LineRule(_ESTIMATED_LEN, seen=False, sets=(Capture("estimated_max_model_len", "n", int),)),
+    LineRule(
+        _KV_NEEDED,
+        seen=False,
+        sets=(
+            Capture("kv_cache_needed_gib", "need", _num),
+            Capture("kv_cache_gib", "avail", _num, keep_first=True),
+            Capture("max_model_len", "len", int, keep_first=True),
+        ),
+    ),
+    LineRule(
+        _V0_KV_SMALL,
+        seen=False,
+        sets=(
+            Capture("estimated_max_model_len", "n", int),
+            Capture("max_model_len", "len", int, keep_first=True),
+        ),
+    ),
 )
 
 
