@@ -1,4 +1,4 @@
-"""The live log screen: a followed log in a bounded ``Log`` widget, with a vLLM panel on top.
+"""The live log screen: a followed log drawn from its bounded buffer, with a vLLM panel on top.
 
 Push it with a callable that returns the follower (so the stream starts when the screen mounts)::
 
@@ -13,6 +13,9 @@ meanwhile; ``End`` resumes. ``/`` searches (``n``/``N`` next/previous match), ``
 matching lines, ``e`` jumps to the next error, ``m`` drops a marker line. When the stream drops a
 banner says so and when it is back, that too. The follower runs in a worker (``exit_on_error=False``)
 that is cancelled when the screen closes, which closes the remote ``docker logs``.
+
+The view (:class:`~sparkconsole.ui.widgets.log_view.LogBufferView`) draws the screen's
+:class:`LogBuffer` itself, through the line API: no copy of the lines, no second index.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Log, ProgressBar, Static
+from textual.widgets import Footer, Input, ProgressBar, Static
 from textual.worker import Worker
 
 from sparkconsole.logs.follow import (
     ERROR_PATTERN,
+    BufferLine,
     FollowEvent,
     LogBuffer,
     LogLine,
@@ -48,6 +52,7 @@ from sparkconsole.ui.render import thin_scrollbars
 from sparkconsole.ui.screens.calibration import CalibrationScreen
 from sparkconsole.ui.screens.live import forward_worker_failure
 from sparkconsole.ui.screens.planner import app_live_memory
+from sparkconsole.ui.widgets.log_view import LogBufferView
 
 FollowerFactory = Callable[[], AsyncIterable[FollowEvent]]
 StartReader = Callable[[], Awaitable[str]]
@@ -178,15 +183,6 @@ class VllmPanel(Vertical):
             w.update(texts.get(part, ""))
 
 
-class FollowedLog(Log):
-    """The log view: while its screen follows, the last line stays in view when the view gets
-    shorter (the vLLM panel above it grows) as well as when lines come."""
-
-    def on_resize(self) -> None:
-        if getattr(self.screen, "following", False):
-            self.scroll_end(animate=False, immediate=True, x_axis=False)
-
-
 class LogScreen(Screen[None]):
     """A followed log of one service on one node."""
 
@@ -202,10 +198,6 @@ class LogScreen(Screen[None]):
     LogScreen #log-banner { height: 1; padding: 0 1; display: none; }
     LogScreen #log-banner.-dropped { display: block; background: $error; color: $text; text-style: bold; }
     LogScreen #log-banner.-back { display: block; background: $success; color: $text; }
-    LogScreen #log {
-        height: 1fr; scrollbar-size-vertical: 1; scrollbar-size-horizontal: 1;
-        scrollbar-color: $text-muted; scrollbar-color-hover: $text; scrollbar-color-active: $accent;
-    }
     LogScreen #log-status-row { height: 1; background: $panel; }
     LogScreen #log-status { width: 1fr; padding: 0 1; }
     LogScreen #new-lines { width: auto; padding: 0 1; background: $warning; color: $text; display: none; }
@@ -261,9 +253,7 @@ class LogScreen(Screen[None]):
         self.cursor: int | None = None  # absolute index of the last match / error jumped to
         self.stream_state = "connecting"  # connecting / live / dropped
         self.drops = 0
-        self._view: list[int] | None = None  # filtered: absolute buffer index per Log line
         self._marker_abs: list[int] = []  # absolute buffer index of every marker (markers pass any filter)
-        self._rx: re.Pattern[str] | None = None  # the compiled pattern, once per pattern
         self._search_intent = "search"
         self._panel_scheduled = False
         self._last_report: VllmLogReport | None = None
@@ -278,9 +268,7 @@ class LogScreen(Screen[None]):
         if self.tracker is not None:
             yield VllmPanel(id="vllm-panel")
         yield Static(id="log-banner")
-        log = FollowedLog(max_lines=self.max_lines, auto_scroll=True, highlight=True, id="log")
-        log.highlighter = self.highlighter
-        yield log
+        yield LogBufferView(self.buffer, self.highlighter, following=lambda: self._following, id="log")
         with Horizontal(id="log-status-row"):
             yield Static(id="log-status")
             yield Static(id="new-lines")
@@ -288,8 +276,8 @@ class LogScreen(Screen[None]):
         yield Footer()
 
     @property
-    def log_view(self) -> Log:
-        return self.query_one("#log", Log)
+    def log_view(self) -> LogBufferView:
+        return self.query_one("#log", LogBufferView)
 
     def on_mount(self) -> None:
         self.log_view.focus()
@@ -401,52 +389,30 @@ class LogScreen(Screen[None]):
         return str(banner.render())
 
     def _add_lines(self, events: Sequence[LogLine]) -> None:
-        shown: list[tuple[str, bool]] = []
+        added: list[BufferLine] = []
         for event in events:
             if self.tracker is not None:
                 self.tracker.feed(event.text, source=event.source)
-            line = self.buffer.append(event.text, source=event.source, timestamp=event.timestamp)
-            shown.append((line.display, False))
+            added.append(self.buffer.append(event.text, source=event.source, timestamp=event.timestamp))
         if self.tracker is not None:
             self._schedule_panel()
-        self._show_many(shown)
+        self._show(added)
 
-    def _show(self, display: str, *, is_marker: bool) -> None:
-        self._show_many([(display, is_marker)])
-
-    def _show_many(self, items: Sequence[tuple[str, bool]]) -> None:
-        """Lines just added to the buffer (the last ``len(items)`` of it) into the view."""
-        log = self.log_view
-        first = self.buffer.dropped + len(self.buffer) - len(items)
-        written: list[str] = []
-        for offset, (display, is_marker) in enumerate(items):
-            absolute = first + offset
-            if is_marker:
-                self._marker_abs.append(absolute)
-            if self.filter_on and self._rx is not None and not is_marker and not self._rx.search(display):
-                continue
-            if self._view is not None:
-                self._view.append(absolute)
-            written.append(display or " ")  # Log drops empty lines: keep one line per buffer line
+    def _show(self, lines: Sequence[BufferLine]) -> None:
+        """Lines just added to the buffer (the last ``len(lines)`` of it) into the view, which
+        draws them from the buffer (those its filter keeps)."""
+        first = self.buffer.dropped + len(self.buffer) - len(lines)
+        for offset, line in enumerate(lines):
+            if line.kind == "marker":
+                self._marker_abs.append(first + offset)
+        view = self.log_view
         at_end = self._following
-        if written:
-            log.write_lines(written[-self.max_lines:], scroll_end=at_end)
-        self._prune_view()
-        if written and not at_end:
-            self.new_lines += len(written)
+        before = view.rows_added
+        view.write_lines(lines[-self.max_lines:], scroll_end=at_end)
+        shown = view.rows_added - before
+        if shown and not at_end:
+            self.new_lines += shown
             self._update_badge()
-
-    def _prune_view(self) -> None:
-        if self._view is None:
-            return
-        excess = len(self._view) - self.max_lines
-        if excess > 0:
-            del self._view[:excess]
-        # lines pushed out of the buffer are gone from the view too
-        first = self.buffer.dropped
-        cut = bisect.bisect_left(self._view, first)
-        if cut:
-            del self._view[:cut]
 
     def _schedule_panel(self) -> None:
         if not self._panel_scheduled:
@@ -500,13 +466,14 @@ class LogScreen(Screen[None]):
         self.query_one("#log-status", Static).update(" · ".join(parts))
 
     def _filter_count(self) -> int:
-        """Matching lines shown by the filter, markers not counted; from the view kept line by
-        line, never a re-scan of the buffer."""
-        if self._view is None:
+        """Matching lines shown by the filter, markers not counted; from the view's rows kept line
+        by line, never a re-scan of the buffer."""
+        rows = self.log_view.rows
+        if rows is None:
             return len(self.buffer) - self._markers_from(self.buffer.dropped)
-        if not self._view:
+        if not rows:
             return 0
-        return len(self._view) - self._markers_from(self._view[0])
+        return len(rows) - self._markers_from(rows[0])
 
     def _markers_from(self, absolute: int) -> int:
         cut = bisect.bisect_left(self._marker_abs, self.buffer.dropped)
@@ -531,23 +498,8 @@ class LogScreen(Screen[None]):
 
     # ---- positions ----------------------------------------------------------------------------
 
-    def _log_y_of(self, index: int) -> int | None:
-        """The Log line showing buffer index ``index`` (None when filtered out)."""
-        if self._view is None:
-            return index
-        absolute = self.buffer.dropped + index
-        pos = bisect.bisect_left(self._view, absolute)
-        if pos < len(self._view) and self._view[pos] == absolute:
-            return pos
-        return None
-
     def _index_at_top(self) -> int:
-        y = int(self.log_view.scroll_y)
-        if self._view is None:
-            return min(y, len(self.buffer) - 1)
-        if not self._view:
-            return -1
-        return self._view[min(y, len(self._view) - 1)] - self.buffer.dropped
+        return self.log_view.index_at(int(self.log_view.scroll_y))
 
     def _origin(self) -> int:
         if self.cursor is not None:
@@ -557,7 +509,7 @@ class LogScreen(Screen[None]):
         return self._index_at_top() - 1
 
     def _jump(self, index: int) -> None:
-        y = self._log_y_of(index)
+        y = self.log_view.row_of(index)
         if y is None:
             self._set_filter(False)
             y = index
@@ -591,14 +543,11 @@ class LogScreen(Screen[None]):
 
     def set_pattern(self, pattern: str) -> None:
         self.pattern = pattern.strip()
-        self._rx = compile_pattern(self.pattern) if self.pattern else None
         self.cursor = None
         self.highlighter.pattern = compile_pattern(self.pattern) if self.pattern else None
+        self.log_view.restyle()  # the highlight changed: every line is drawn again
         if self.filter_on:
             self._refill()
-        else:
-            self.log_view.notify_style_update()
-            self.log_view.refresh()
         self._update_status()
 
     def action_find(self, backwards: bool = False) -> None:
@@ -625,20 +574,11 @@ class LogScreen(Screen[None]):
         self._update_status()
 
     def _refill(self) -> None:
-        log = self.log_view
-        log.clear()
+        view = self.log_view
         self.new_lines = 0
         self._update_badge()
-        if self.filter_on and self.pattern:
-            indexes = self.buffer.matches(self.pattern)
-            self._view = [self.buffer.dropped + i for i in indexes]
-            lines = [self.buffer[i].display or " " for i in indexes]
-        else:
-            self._view = None
-            lines = [ln.display or " " for ln in self.buffer.lines]
-        log.notify_style_update()
-        log.write_lines(lines, scroll_end=True)
-        log.scroll_end(animate=False, immediate=True)
+        view.set_filter(self.pattern if self.filter_on else None)
+        view.scroll_end(animate=False, immediate=True)
         self._following = True
 
     def action_next_error(self) -> None:
@@ -669,8 +609,7 @@ class LogScreen(Screen[None]):
         self.app.push_screen(CalibrationScreen(self.node, text, live.gib if live is not None else None))
 
     def action_marker(self) -> None:
-        line = self.buffer.add_marker()
-        self._show(line.display, is_marker=True)
+        self._show([self.buffer.add_marker()])
         self._update_status()
 
     def action_close(self) -> None:
