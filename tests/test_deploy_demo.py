@@ -172,6 +172,36 @@ def test_plan_only_prints_every_step_and_each_nodes_environment_and_changes_noth
     assert not (state / "journal.jsonl").exists()
 
 
+_OUR_NAMES = re.compile(r"(sparkconsole-(?:ray|vllm|sglang)-|/sparkconsole/)[0-9a-z]{8}")
+
+
+def _changes(events: list[dict], kind: str) -> list[tuple[str, str, str]]:
+    """(step, node, command) of every change: ``planned`` events, or the changes a run showed before
+    sending them (``command``, mutating, no exit code yet); the deployment's own id made neutral."""
+    if kind == "planned":
+        picked = [e for e in events if e["event"] == "planned"]
+    else:
+        picked = [e for e in events if e["event"] == "command" and e["mutating"] and e["rc"] is None]
+    return sorted((e["step"], e["node"], _OUR_NAMES.sub(r"\1<id>", e["command"])) for e in picked)
+
+
+def test_plan_only_prints_exactly_the_changes_auto_then_sends(tmp_path):
+    """The promise "every change shown before it runs", by construction: a step's ``send`` is the
+    one source of its changes, rehearsed for --plan-only and run for --auto; on the same cluster
+    both list the same commands, job starts included, per step and node."""
+    # the same answers for both: which of the two equal services is "less busy" follows the live
+    # docker stats, which move between the two runs as they would on real nodes
+    stops = ("--answer", "free-memory.stop=spark-1a32:vllm-glm,spark-1a32:reranker")
+    with demo_cluster(tmp_path) as demo:
+        rc, planned, err = deploy(tmp_path / "plan-state", "--config", demo["config"], "--plan-only", *stops)
+        assert rc == 0, err
+        rc, ran, err = deploy(tmp_path / "state", "--config", demo["config"], "--auto", *stops)
+        assert rc == 0, (err, ran[-3:])
+    shown, sent = _changes(planned, "planned"), _changes(ran, "sent")
+    assert len(sent) > 10 and any("(detached job" in c or "setsid" in c for _s, _n, c in sent)
+    assert shown == sent, "\n".join(f"{'-' if x in sent else '+'} {x}" for x in set(shown) ^ set(sent))
+
+
 @pytest.mark.parametrize("scenario,step,words", [
     ("link-down", "network", "same port"),
     ("node-lost", "recon", "spark-5be3 cannot be reached"),

@@ -29,7 +29,7 @@ from sparkconsole.deploy.calibrate import from_log as serve_calibration
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.recon import NodeFacts, facts_from_output, normalize_image, recon_command
 from sparkconsole.deploy.runner import GoTo, Runner, StepFailed
-from sparkconsole.deploy.state import Started, Stopped
+from sparkconsole.deploy.state import Job, Started, Stopped
 from sparkconsole.logs.vllm import VllmLogTracker
 from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
 from sparkconsole.planner.plan import PlanOptions, compare_tp, layout_row
@@ -217,8 +217,23 @@ class Flow:
 
 
 class Step:
+    """One step of the deployment: ``probe → decide → send → watch → verify``.
+
+    ``probe`` reads what the step needs and returns why its work is already done (the step is then
+    skipped) or None. ``decide`` meets the step's decisions. ``send`` is the step's one source of
+    changes: every command that changes a node, job starts included, goes out through the runner
+    there and nowhere else. The runner first runs it as a rehearsal (nothing sent) to show what it
+    would send (``--plan-only``, the confirmation), then runs the same code to send; so what is
+    shown is what is sent, by construction. ``watch`` follows what was sent (job waits, progress,
+    the engine's log) and may decide again (a failure, a link that went down); ``verify`` checks the
+    outcome on the nodes and raises :class:`StepFailed` with the fix.
+    """
+
     id = ""
     title = ""
+    # Traits: what differs between steps is declared here, never tested by name in the runner.
+    rerun_when_done = False  # probed and run again on --resume even when it finished before
+    decisions: tuple[str, ...] = ()  # the ids of the decisions this step may ask
 
     def __init__(self, flow: Flow) -> None:
         self.f = flow
@@ -233,14 +248,11 @@ class Step:
     async def decide(self) -> None:
         return None
 
-    def plan(self) -> list[tuple[str, RemoteCommand]]:
-        return []
+    async def send(self) -> None:
+        return None
 
-    async def apply(self) -> None:
-        for node, cmd in self.plan():
-            res = await self.r.change(node, cmd)
-            if not res.ok:
-                raise StepFailed(f"{node}: {cmd.summary or cmd.shell()} failed: {res.stderr.strip()[-300:]}")
+    async def watch(self) -> None:
+        return None
 
     async def verify(self) -> None:
         return None
@@ -249,9 +261,12 @@ class Step:
 # ---- recon ----------------------------------------------------------------------------------------
 
 class Recon(Step):
-    id, title = "recon", "Read every node"
+    """Reads every node; run again on resume (the nodes may have changed while the console was away)."""
 
-    async def apply(self) -> None:
+    id, title = "recon", "Read every node"
+    rerun_when_done = True
+
+    async def probe(self) -> str | None:
         got = await self.f.recon()
         for f in got.values():
             if not f.reachable:
@@ -268,6 +283,7 @@ class Recon(Step):
         drivers = {f.driver for f in got.values() if f.driver}
         if len(drivers) > 1:
             self.r.note(f"driver versions differ between nodes: {', '.join(sorted(drivers))}", "warning")
+        return None
 
 
 # ---- plan -----------------------------------------------------------------------------------------
@@ -482,14 +498,7 @@ class Engine(Step):
                 return n
         return self.f.head
 
-    def plan(self) -> list[tuple[str, RemoteCommand]]:
-        img = self.f.image
-        if any(x.image(img) for x in self.f.facts.values()):
-            return []
-        src = next((n for n, x in self.f.facts.items() if x.hub), None)
-        return [(src, docker_pull(img))] if src else []
-
-    async def apply(self) -> None:
+    async def send(self) -> None:
         img = self.f.image
         if not any(x.image(img) for x in self.f.facts.values()):
             src = next((n for n, x in self.f.facts.items() if x.hub), None)
@@ -563,21 +572,19 @@ class Network(Step):
                 raise StepFailed(mtu[0].what, mtu[0].fix)
             self.f.put("set_mtu", low)
 
-    def plan(self) -> list[tuple[str, RemoteCommand]]:
+    async def send(self) -> None:
         low = self.f.get("set_mtu")
-        out = []
-        if low:
-            for n in self.f.nodes:
-                for lk in self.f.fact(n).up_links():
-                    if lk.mtu != low and lk.netdev:
-                        out.append((n, command("sudo", "-n", "ip", "link", "set", "dev", lk.netdev, "mtu", str(low),
-                                               mutating=True, summary=f"set MTU {low} on {lk.netdev}")))
-        return out
-
-    async def apply(self) -> None:
-        await super().apply()
-        if self.f.get("set_mtu"):
-            await self.f.recon(self.f.nodes)
+        if not low:
+            return
+        for n in self.f.nodes:
+            for lk in self.f.fact(n).up_links():
+                if lk.mtu != low and lk.netdev:
+                    cmd = command("sudo", "-n", "ip", "link", "set", "dev", lk.netdev, "mtu", str(low),
+                                  mutating=True, summary=f"set MTU {low} on {lk.netdev}")
+                    res = await self.r.change(n, cmd)
+                    if not res.ok:
+                        raise StepFailed(f"{n}: {cmd.summary} failed: {res.stderr.strip()[-300:]}")
+        await self.f.recon(self.f.nodes)
 
     async def verify(self) -> None:
         f = self.f
@@ -674,17 +681,6 @@ class Weights(Step):
                 return n
         return next((n for n in self.f.nodes if self.f.fact(n).hub), None)
 
-    def plan(self) -> list[tuple[str, RemoteCommand]]:
-        src = self._source()
-        if src is None:
-            return []
-        out: list[tuple[str, RemoteCommand]] = [(src, hf_download(self.f.o.model))]
-        for n in self.f.nodes:
-            if n != src:
-                out.append((n, mkdir_p(self.f.model_dir(n))))
-                out.append((src, self._copy_cmd(src, n, streamed=True)))
-        return out
-
     def _copy_cmd(self, src: str, n: str, streamed: bool) -> RemoteCommand:
         """The copy to ``n``: beside a running download, each file as soon as it is whole (then a
         final pass); else one rsync."""
@@ -694,7 +690,9 @@ class Weights(Step):
             return rsync
         return stream_copy(rsync, JobFiles.under(f.job_dir(src), "weights-download").rc)
 
-    async def apply(self) -> None:
+    async def send(self) -> None:
+        """The download where the weights are not whole yet, and a copy to every worker that lacks
+        them, started beside the download (each file goes as soon as it is whole)."""
         f = self.f
         hub = await self._hub_files()
         if not hub:
@@ -704,26 +702,36 @@ class Weights(Step):
         if src is None:
             raise StepFailed("no node holds the weights and none reaches the Hub",
                              "copy the model to one node's HF cache, then --resume")
-        ok = dict(f.get("weights_ok") or {})
         v = await self._verify_node(src, hub)
-        download = None
+        self._download: Job | None = None
         self._downloaded = 1.0
         if not v.complete:
             self._downloaded = 0.0
-            download = await self.r.start_job(src, "weights-download", hf_download(f.o.model), f.job_dir(src))
+            self._download = await self.r.start_job(src, "weights-download", hf_download(f.o.model), f.job_dir(src))
         # the copies start now, beside the download: each file goes to the workers as soon as it is
         # whole, so the copy ends a pass after the download instead of a whole copy after it
-        copies = {}
+        self._copies: dict[str, Job] = {}
         for n in f.nodes:
             if n == src or (await self._verify_node(n, hub)).complete:
                 continue
             await self.r.change(n, mkdir_p(f.model_dir(n)), key=f"mkdir weights {n}")
-            copies[n] = await self.r.start_job(src, f"weights-copy-{n}", self._copy_cmd(src, n, download is not None),
-                                               f.job_dir(src))
+            self._copies[n] = await self.r.start_job(src, f"weights-copy-{n}",
+                                                     self._copy_cmd(src, n, self._download is not None),
+                                                     f.job_dir(src))
+
+    async def watch(self) -> None:
+        """The download and the copies to their end; files hashed on the workers as they land; a
+        fast link that goes down meanwhile is the operator's decision (wait, or back to network)."""
+        f = self.f
+        hub = await self._hub_files()
+        src = self._source()
+        assert src is not None  # send found one
+        download, copies = self._download, self._copies
+        ok = dict(f.get("weights_ok") or {})
         self._link_lock, self._link_back = asyncio.Lock(), set()
         copying = {n: asyncio.ensure_future(self.r.wait_job(job, lambda text, n=n: self._copy_progress(n, text)))
                    for n, job in copies.items()}
-        self._copy_errors: dict[str, str] = {}
+        self._copy_errors = {}
         hashing = asyncio.ensure_future(self._hash_as_they_land(hub, set(copies), copying))
         downloading = None
         try:
@@ -848,10 +856,16 @@ class Weights(Step):
 
     _downloaded = 1.0  # while a download runs: its fraction (a copy beside it cannot be further)
 
+    def __init__(self, flow: Flow) -> None:
+        super().__init__(flow)
+        self._copy_errors: dict[str, str] = {}  # a copy pass that failed, by worker: the link is read again
+        self._download: Job | None = None
+        self._copies: dict[str, Job] = {}
+
     def _copy_progress(self, node: str, text: str) -> None:
         last = text.strip().splitlines()[-3:]
         if any("rsync error" in x or "ssh: connect to host" in x for x in last):
-            getattr(self, "_copy_errors", {})[node] = last[-1]  # a pass failed: the link is read again
+            self._copy_errors[node] = last[-1]  # a pass failed: the link is read again
         for part in reversed(re.split(r"[\r\n]", text.strip())):
             m = re.match(r"\s*([\d,]+)\s+(\d+)%\s+(\S+)\s+(\S+)", part)
             if m:
@@ -891,21 +905,13 @@ class Images(Step):
             return n, res.stdout.strip() if res.ok else ""
         return dict(await self.r.on_all(self.f.nodes, one))
 
-    def plan(self) -> list[tuple[str, RemoteCommand]]:
-        out: list[tuple[str, RemoteCommand]] = []
-        have = [n for n in self.f.nodes if n not in self._missing()]
-        for n in self._missing():
-            if self.f.fact(n).hub:
-                out.append((n, docker_pull(self.f.image)))
-            elif have:
-                out.append((have[0], image_copy(self.f.image, self.f.user_at(n))))
-        return out
-
-    async def apply(self) -> None:
+    async def send(self) -> None:
+        """A pull where the node reaches the internet, else a copy from a node that has the image."""
         ids = await self._ids()
         have = [n for n, i in ids.items() if i]
         if not have:
             raise StepFailed(f"{self.f.image} is on no node", "go back to the engine step (--resume)")
+        self._copies: dict[str, Job] = {}
 
         async def bring(n: str) -> None:
             if ids.get(n):
@@ -916,14 +922,19 @@ class Images(Step):
                     raise StepFailed(f"{n}: docker pull failed: {res.stderr.strip()[-300:]}")
                 return
             key = f"image-copy-{n}-{hashlib.sha256(self.f.image.encode()).hexdigest()[:8]}"  # one job per image
-            job = await self.r.start_job(have[0], key, image_copy(self.f.image, self.f.user_at(n)),
-                                         self.f.job_dir(have[0]))
+            self._copies[n] = await self.r.start_job(have[0], key, image_copy(self.f.image, self.f.user_at(n)),
+                                                     self.f.job_dir(have[0]))
+
+        await asyncio.gather(*(bring(n) for n in self.f.nodes))
+
+    async def watch(self) -> None:
+        async def wait(n: str, job: Job) -> None:
             self.r.progress(n, "image", None, f"docker save | ssh {n} docker load")
             rc = await self.r.wait_job(job)
             if rc != 0:
                 raise StepFailed(f"copying {self.f.image} to {n} ended with exit {rc}", "--resume tries again")
 
-        await asyncio.gather(*(bring(n) for n in self.f.nodes))
+        await asyncio.gather(*(wait(n, job) for n, job in self._copies.items()))
 
     async def verify(self) -> None:
         ids = await self._ids()
@@ -971,10 +982,7 @@ class FreeMemory(Step):
         stops = [] if answer == "none" else [x.split(":", 1) for x in answer.split(",") if ":" in x]
         f.put("stops", stops)
 
-    def plan(self) -> list[tuple[str, RemoteCommand]]:
-        return [(n, docker_action("stop", name)) for n, name in self.f.get("stops") or []]
-
-    async def apply(self) -> None:
+    async def send(self) -> None:
         for n, name in self.f.get("stops") or []:
             res = await self.r.change(n, docker_action("stop", name), key=f"stop {n} {name}")
             if not res.ok:
@@ -1014,10 +1022,7 @@ class Caches(Step):
                      "as free (vllm#35313)")
         self.f.put("drop", await self.r.decide(d) == "yes")
 
-    def plan(self) -> list[tuple[str, RemoteCommand]]:
-        return [(n, drop_caches()) for n in self.f.nodes] if self.f.get("drop") else []
-
-    async def apply(self) -> None:
+    async def send(self) -> None:
         if self.f.get("drop"):
             await drop_page_cache(self.r, self.f.nodes)
 
@@ -1082,11 +1087,6 @@ class Cluster(Step):
         """One GPU per node when every node has one; 0 when recon read none (Ray on CPUs only)."""
         return len(self.f.nodes) if all(self.f.fact(n).gpu for n in self.f.nodes) else 0
 
-    def plan(self) -> list[tuple[str, RemoteCommand]]:
-        if self.f.executor != "ray":
-            return []
-        return [(n, self._ray_cmd(n)) for n in self.f.nodes]
-
     async def _status(self) -> tuple[int, float]:
         res = await self.r.read(self.f.head, docker_exec(self.f.container("ray"), ["ray", "status"]), timeout=60,
                                 quiet=True)
@@ -1105,7 +1105,7 @@ class Cluster(Step):
                 return f"Ray is up: {nodes} nodes, {gpus:g} GPUs"
         return None
 
-    async def apply(self) -> None:
+    async def send(self) -> None:
         f = self.f
         if f.executor != "ray":
             self.r.note("native multi-node: the serve step starts one engine container per node, workers first")
@@ -1210,15 +1210,12 @@ class Serve(Step):
         return [(f.head, serve_in_container(f.container("ray"), args, "/root/.cache/huggingface/sparkconsole/"
                                             f"{self.r.state.short_id}/serve.log", env=env))]
 
-    def plan(self) -> list[tuple[str, RemoteCommand]]:
-        return self._commands()
-
     async def probe(self) -> str | None:
         if await self.f.serving():
             return f"already serving {self.f.served_name} on port {self.f.o.port}"
         return None
 
-    async def apply(self) -> None:
+    async def send(self) -> None:
         f = self.f
         if f.executor == "ray" and f.engine == "vllm":
             await self.r.change(f.head, mkdir_p(f"{f.fact(f.head).hf_dir}/sparkconsole/{self.r.state.short_id}"),
@@ -1233,6 +1230,8 @@ class Serve(Step):
                 if not any(s.node == n and s.name == name for s in self.r.state.started):
                     self.r.state.started.append(Started(n, "container", name, res.stdout.strip()[:64]))
                     self.r.save()
+
+    async def watch(self) -> None:
         await self._follow()
 
     async def _follow(self) -> None:
@@ -1483,7 +1482,7 @@ CHAT_PROMPT = "What is 12*17? Answer with the number."
 class Verify(Step):
     id, title = "verify", "Health, models, one chat completion"
 
-    async def apply(self) -> None:
+    async def verify(self) -> None:
         f = self.f
         base = f"http://127.0.0.1:{f.o.port}"
         served = f.served_name

@@ -92,6 +92,36 @@ class Runner:
     plan_only: bool = False
     step: str = ""  # the step running now (commands are journaled under it)
     cancelled: bool = False  # the operator asked to stop: no further change is sent
+    # While a step's ``send`` runs as a rehearsal (:meth:`rehearse`): the changes it would send, in
+    # order; nothing is sent, journaled or saved. ``None``: changes are sent.
+    _recorded: list[tuple[str, RemoteCommand]] | None = field(default=None, repr=False)
+    # What the operator confirmed for the step now sending: a change outside it is confirmed on its own.
+    _confirmed: set[tuple[str, str]] | None = field(default=None, repr=False)
+
+    @property
+    def rehearsing(self) -> bool:
+        """A step's ``send`` is running without sending (plan-only, or the look before a confirmation)."""
+        return self._recorded is not None
+
+    async def rehearse(self, send: Callable[[], Awaitable[None]]) -> list[tuple[str, RemoteCommand]]:
+        """Run ``send`` (a step's one command source) without sending: the changes it would make, in
+        order. Reads still go out (they change nothing); what ``send`` writes into the state is put back
+        afterwards, and nothing is saved, journaled or shown meanwhile. The same code then sends for
+        real, so what was shown is what is sent (pyinfra's model: dry run and apply are one path)."""
+        import copy
+
+        kept = copy.deepcopy(self.state.__dict__)
+        self._recorded = []
+        try:
+            await send()
+            return self._recorded
+        finally:
+            self._recorded = None
+            self.state.__dict__.update(kept)
+
+    def expect(self, changes: Sequence[tuple[str, RemoteCommand]] | None) -> None:
+        """The changes the operator confirmed for the step about to send (``None``: no check)."""
+        self._confirmed = None if changes is None else {(n, c.shell()) for n, c in changes}
 
     def cancel(self) -> None:
         """Stop before the next change (what runs detached on the nodes keeps running; --resume)."""
@@ -112,17 +142,20 @@ class Runner:
         return self.transports[node]
 
     def save(self) -> None:
-        if self.store is not None and not self.plan_only:
+        if self.store is not None and not self.plan_only and not self.rehearsing:
             self.store.save(self.state)
 
     def note(self, text: str, level: str = "info", node: str = "") -> None:
-        self.emit(NoteEvent(self.step, text, level, node))  # type: ignore[arg-type]
+        if not self.rehearsing:
+            self.emit(NoteEvent(self.step, text, level, node))  # type: ignore[arg-type]
 
     def emit_output(self, node: str, text: str) -> None:
-        self.emit(OutputEvent(self.step, node, text))
+        if not self.rehearsing:
+            self.emit(OutputEvent(self.step, node, text))
 
     def progress(self, node: str, label: str, fraction: float | None, detail: str = "") -> None:
-        self.emit(ProgressEvent(self.step, node, label, fraction, detail))
+        if not self.rehearsing:
+            self.emit(ProgressEvent(self.step, node, label, fraction, detail))
 
     def set_step(self, step: str, state: str, note: str = "") -> None:
         self.state.steps[step] = state
@@ -142,7 +175,7 @@ class Runner:
                    quiet: bool = False) -> CommandResult:
         """A read-only command: sent at once, never journaled."""
         res = await self._send(node, cmd, timeout or self.settings.command_timeout_s)
-        if not quiet:
+        if not quiet and not self.rehearsing:
             self.emit(CommandEvent(self.step, node, cmd.shell(), _rc(res), cmd.summary, False,
                                    round(res.duration_s, 3), "" if res.ok else _tail(res)))
         return res
@@ -155,12 +188,21 @@ class Runner:
         (its result is taken as ok)."""
         text = cmd.shell()
         if key is not None and key in self.state.done_commands:
-            self.emit(CommandEvent(self.step, node, text, 0, cmd.summary + " (done before, not repeated)", True))
+            if not self.rehearsing:
+                self.emit(CommandEvent(self.step, node, text, 0, cmd.summary + " (done before, not repeated)", True))
+            return CommandResult(text, 0, "", "", 0.0)
+        if self._recorded is not None:
+            self._recorded.append((node, cmd))
             return CommandResult(text, 0, "", "", 0.0)
         if self.cancelled:
             raise StepFailed("stopped by the operator", "resume when ready (what ran detached keeps running)")
         if self.read_only:
             raise ReadOnlyError(f"read-only: {cmd.summary or text} on {node} refused")
+        if self._confirmed is not None and (node, text) not in self._confirmed:
+            # the node changed between the look and the send: this one was not shown, so ask for it
+            if not await self.confirm(self.step, [(node, cmd)]):
+                raise StepFailed("not confirmed", "run again and confirm, or --auto")
+            self._confirmed.add((node, text))
         self.emit(CommandEvent(self.step, node, text, None, cmd.summary, True))
         res = await self._send(node, cmd, timeout or self.settings.command_timeout_s)
         if self.journal is not None:
@@ -216,6 +258,8 @@ class Runner:
             self.note(f"{inner.summary}: the job started before {ended}; starting it again", "warning", node=node)
         files = JobFiles.under(job_dir, key)
         res = await self.change(node, detached(job_dir, files, inner))
+        if self.rehearsing:  # shown, not started: a job that would be waited on, and ends well
+            return Job(node=node, pid=0, log=files.log, rc=files.rc, what=inner.summary)
         pid = _last_int(res.stdout)
         if not res.ok or pid is None:
             raise StepFailed(f"{node}: could not start {inner.summary or 'the job'}: {_tail(res) or 'no pid'}")
@@ -240,7 +284,10 @@ class Runner:
 
     async def wait_job(self, job: Job, on_output: Callable[[str], None] | None = None) -> int:
         """Poll the job until it ends; its exit code. A job that neither runs nor left an exit code
-        was killed (the node rebooted, someone killed it): -1."""
+        was killed (the node rebooted, someone killed it): -1. Rehearsing: 0 at once (the job was only
+        shown)."""
+        if self.rehearsing:
+            return 0
         silent_since: float | None = None
         while True:
             if self.cancelled:

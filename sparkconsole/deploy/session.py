@@ -1,8 +1,8 @@
 """One deployment, start to end: open the nodes, walk the flow, say the result.
 
 :func:`run_flow` is what the CLI and the TUI both call. It honours ``--until`` (stop after that
-step, a success), ``--plan-only`` (decide with the given answerer and print each step's commands;
-nothing that changes a node is sent), resume (steps already ``done`` are skipped without being
+step, a success), ``--plan-only`` (decide with the given answerer and print the changes each step's ``send``
+would make, found by running it without sending: the very commands a real run sends), resume (steps already ``done`` are skipped without being
 probed again; a step that was ``running`` is re-entered and its jobs re-attached), and
 :class:`GoTo` (back to an earlier step, at most a few times).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sparkconsole.deploy.decisions import DecisionStop
 from sparkconsole.deploy.events import Event, ResultEvent
-from sparkconsole.deploy.flow import STEP_IDS, Flow, Teardown
+from sparkconsole.deploy.flow import STEP_IDS, Flow, Step, Teardown
 from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.errors import ReadOnlyError, UserError
 from sparkconsole.remote import RemoteCommand
@@ -49,7 +49,7 @@ async def run_flow(flow: Flow, *, until: str | None = None,
         step = flow.steps[i]
         r.step = step.id
         try:
-            if r.state.steps.get(step.id) in ("done", "skipped") and not r.plan_only and step.id != "recon":
+            if r.state.steps.get(step.id) in ("done", "skipped") and not step.rerun_when_done:
                 r.emit(_step_event(step.id, r.state.steps[step.id], "finished before: not repeated"))
             else:
                 await _run_step(flow, step, on_plan)
@@ -93,20 +93,18 @@ def _step_event(step: str, state: str, note: str) -> Event:
     return StepEvent(step, state, note)  # type: ignore[arg-type]
 
 
-async def _run_step(flow: Flow, step, on_plan) -> None:
+async def _run_step(flow: Flow, step: Step, on_plan) -> None:
+    """``probe → decide → send → watch → verify``, the same for every step and in every mode. The
+    step's ``send`` runs first as a rehearsal: what it would send is what ``--plan-only`` prints and
+    what the operator confirms; then (not plan-only) the same ``send`` sends it."""
     r = flow.r
     r.set_step(step.id, "running")
-    if not r.plan_only:
-        why = await step.probe()
-        if why:
-            r.set_step(step.id, "skipped", why)
-            return
-    elif step.id == "recon":
-        await step.apply()
-        r.set_step(step.id, "done")
+    why = await step.probe()
+    if why:
+        r.set_step(step.id, "skipped", why)
         return
     await step.decide()
-    planned = step.plan()
+    planned = await r.rehearse(step.send)
     if on_plan is not None:
         on_plan(step.id, step.title, planned)
     if r.plan_only:
@@ -115,7 +113,12 @@ async def _run_step(flow: Flow, step, on_plan) -> None:
     mutating = [(n, c) for n, c in planned if c.mutating]
     if mutating and not await r.confirm(step.id, mutating):
         raise StepFailed("not confirmed", "run again and confirm, or --auto")
-    await step.apply()
+    r.expect(planned)
+    try:
+        await step.send()
+    finally:
+        r.expect(None)
+    await step.watch()
     await step.verify()
     r.set_step(step.id, "done")
 
