@@ -1,6 +1,7 @@
 """The wizard on the demo cluster, as ``sparkconsole deploy --auto`` drives it (Flow + Runner
-against ``sparkconsole.sim`` over real SSH), for the fault tests: one place that builds the
-runner, records every event with its sim time, and closes the node connections."""
+against ``sparkconsole.sim`` over real SSH), for the fault tests: opened by the same
+:func:`~sparkconsole.deploy.opening.open_deployment` as the CLI and the console (lock, transports,
+runner, flow), recording every event with its sim time and every command sent."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkconsole.config import NodeConfig
 from sparkconsole.deploy.decisions import ScriptedAnswers
 from sparkconsole.deploy.flow import Flow, Options
-from sparkconsole.deploy.runner import Runner, Settings
+from sparkconsole.deploy.opening import open_deployment
+from sparkconsole.deploy.runner import Settings
 from sparkconsole.deploy.session import run_flow
 from sparkconsole.deploy.state import DeploymentState, StateStore
 from sparkconsole.sim import start_demo_cluster
@@ -59,23 +62,26 @@ async def demo_flow(tmp_path: Path, presets: dict[str, str], *, speed: float, po
 
         config = demo.config
         state = DeploymentState.new(Options().model, Options().to_json(), config.name)
-        transports = {n.name: node_transport(config, n) for n in config.nodes}
         sent: list[tuple[float, str, str]] = []
-        for name, transport in transports.items():
-            transport.run = _recording(transport.run, name, sent, demo.sim.clock.now)
-        runner = Runner(config=config, state=state, transports=transports,
-                        answer=ScriptedAnswers(presets, auto=True), emit=emit,
-                        store=StateStore(tmp_path / "deployments"),
-                        settings=Settings(poll_s=poll_sim_s / speed, speed=speed))
-        flow = Flow(runner, Options())
-        run = DemoFlow(demo, flow, transports, asyncio.ensure_future(run_flow(flow)), sent=sent)
-        try:
-            yield run
-        finally:
-            run.task.cancel()
-            await asyncio.gather(run.task, return_exceptions=True)
-            for t in transports.values():
-                await t.close()
+
+        def recorded_transport(node: NodeConfig) -> Any:
+            transport = node_transport(config, node)
+            transport.run = _recording(transport.run, node.name, sent, demo.sim.clock.now)
+            return transport
+
+        # the lock under the test's own folder: this demo lives in this process, yet the session is
+        # opened exactly as the CLI opens one (lock included)
+        async with open_deployment(config, Options(), state, answer=ScriptedAnswers(presets, auto=True), emit=emit,
+                                   store=StateStore(tmp_path / "deployments"),
+                                   settings=Settings(poll_s=poll_sim_s / speed, speed=speed),
+                                   transport_factory=recorded_transport, locks=tmp_path / "locks") as session:
+            run = DemoFlow(demo, session.flow, session.transports, asyncio.ensure_future(run_flow(session.flow)),
+                           sent=sent)
+            try:
+                yield run
+            finally:
+                run.task.cancel()
+                await asyncio.gather(run.task, return_exceptions=True)
 
 
 def _recording(run: Callable[..., Any], node: str, sent: list[tuple[float, str, str]],

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -193,13 +192,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Printer):
+    """Open the deployment as the console's wizard does (:func:`~sparkconsole.deploy.opening.open_deployment`:
+    the cluster's lock, the transports, the runner, the flow) and walk it, or tear it down."""
     from sparkconsole.deploy.decisions import ScriptedAnswers
-    from sparkconsole.deploy.flow import Flow, Options
-    from sparkconsole.deploy.runner import Runner, Settings
+    from sparkconsole.deploy.flow import Options
+    from sparkconsole.deploy.opening import find_earlier, open_deployment
+    from sparkconsole.deploy.runner import Settings
     from sparkconsole.deploy.session import run_flow, run_teardown
     from sparkconsole.deploy.state import DeploymentState, StateStore
     from sparkconsole.journal import Journal
-    from sparkconsole.transport import node_transport
 
     store = StateStore()
     if args.resume is not None or args.teardown is not None:
@@ -209,12 +210,12 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
         options = Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
                           tp=args.tp, max_model_len=args.max_model_len)
         state = None
+    demo = bool(getattr(args, "demo", False))  # a cluster simulated in this process: no one else reaches it
     async with open_cluster(args, demo_speed=args.speed) as config:
-        speed = args.speed if getattr(args, "demo", False) else config.time_scale
+        speed = args.speed if demo else config.time_scale
         if state is None:
-            earlier = None if getattr(args, "demo", False) else store.latest_for(config.name)
-            if earlier is not None and earlier.model == options.model and earlier.result != "torn-down" \
-                    and not args.json:
+            earlier = None if demo else find_earlier(store, config.name, options.model)
+            if earlier is not None and not args.json:
                 print(f"note: deployment {earlier.id} ({earlier.result or 'unfinished'}) of this model exists on "
                       f"this cluster: `--resume {earlier.id}` continues it, `--teardown {earlier.id}` removes it")
             state = DeploymentState.new(options.model, options.to_json(), config.name)
@@ -222,30 +223,21 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
                 state.facts["gmu_override"] = args.gmu  # the plan takes it as given
         if not args.json and speed != 1.0:
             print(f"simulated cluster: its time runs x{speed:g} faster than the wall clock (waits and rates follow)")
-        transports = {n.name: node_transport(config, n) for n in config.nodes}
-        settings = Settings(poll_s=0.5 if speed > 1 else 2.0, speed=speed)
-        confirm = _confirm(args, printer)
-        runner = Runner(config=config, state=state, transports=transports,
-                        answer=ScriptedAnswers(presets, auto=args.auto or args.plan_only), emit=printer, store=store,
-                        journal=Journal(), confirm=confirm, settings=settings,
-                        read_only=config.read_only or bool(getattr(args, "read_only", False)),
-                        plan_only=args.plan_only)
-        if args.read_only and not args.plan_only and args.teardown is None:
-            runner.read_only = True
-        flow = Flow(runner, options)
-        try:
+        async with open_deployment(
+                config, options, state, answer=ScriptedAnswers(presets, auto=args.auto or args.plan_only),
+                emit=printer, confirm=_confirm(args, printer),
+                settings=Settings(poll_s=0.5 if speed > 1 else 2.0, speed=speed), journal=Journal(), store=store,
+                read_only=config.read_only or bool(getattr(args, "read_only", False)), plan_only=args.plan_only,
+                lock=not demo) as session:
             if not args.json and not args.plan_only:
                 print(f"deployment {state.id}: {options.model} on {', '.join(n.name for n in config.nodes)}")
             if args.teardown is not None:
-                outcome = await run_teardown(flow)
+                outcome = await run_teardown(session.flow)
             else:
-                outcome = await run_flow(flow, until=args.until, on_plan=printer.plan if args.plan_only else None)
+                outcome = await run_flow(session.flow, until=args.until,
+                                         on_plan=printer.plan if args.plan_only else None)
             printer(outcome.result)
             return outcome
-        finally:
-            for t in transports.values():
-                with contextlib.suppress(Exception):
-                    await t.close()
 
 
 def _confirm(args: argparse.Namespace, printer: Printer):

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.text import Text
 from textual import work
@@ -39,6 +39,7 @@ from sparkconsole.ui.keymap import APP_BINDINGS
 from sparkconsole.ui.messages import (
     ActionFinished,
     AgesTicked,
+    DeploymentRequested,
     NodeUpdated,
     OpenLogs,
     OpenNode,
@@ -50,7 +51,11 @@ from sparkconsole.ui.screens.logs import LogScreen
 from sparkconsole.ui.screens.node_detail import NodeDetailScreen
 from sparkconsole.ui.screens.overview import OverviewScreen
 
+if TYPE_CHECKING:
+    from sparkconsole.deploy.runner import Settings
+
 INTERVALS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
+DEPLOY_SIM_POLL_S = 0.1  # a deployment's job polls on a simulated cluster (its clock runs fast)
 STRIP_STYLE = {"up": "green", "stale": "dark_orange", "down": "red"}
 
 
@@ -521,6 +526,60 @@ class SparkConsoleApp(App[int]):
         if self.get_screen("wizard") in self.screen_stack:
             return  # under a help or a decision: those close first
         self.push_screen("wizard")
+
+    # ---- deployments (the wizard asks, the session opener wires) ---------------------------------
+
+    def deployment_settings(self) -> Settings:
+        """How a deployment paces itself on this cluster: on a simulated one the runner's clock must
+        be the sim's, or every timeout is off by its speed (the demo run inside the console, or a
+        running demo reached by --config, whose inventory says its ``time_scale``)."""
+        from sparkconsole.deploy.runner import Settings
+
+        if self.demo is not None:
+            return Settings(poll_s=DEPLOY_SIM_POLL_S, speed=float(self.demo.speed))
+        scale = float(self.config.time_scale)
+        return Settings(poll_s=DEPLOY_SIM_POLL_S, speed=scale) if scale != 1.0 else Settings()
+
+    @property
+    def private_cluster(self) -> bool:
+        """The cluster runs inside this console (the demo): no other process can reach it, so no
+        earlier deployment of it exists and it takes no cluster lock."""
+        return self.demo is not None
+
+    def on_deployment_requested(self, request: DeploymentRequested) -> None:
+        """A deployment runs as a worker of the app (group ``wizard``, exclusive), not of the screen, so
+        it goes on when the operator leaves the wizard; its failures end in :meth:`worker_failed`."""
+        what = "teardown" if request.teardown else "deployment"
+        self.run_worker(self._deployment(request), group="wizard", exclusive=True, exit_on_error=False,
+                        description=f"{what} {request.state.id}")
+
+    async def _deployment(self, request: DeploymentRequested) -> None:
+        """Open the deployment as ``sparkconsole deploy`` does (lock, transports, runner, flow), walk
+        it, say the end. Read-only consoles plan and show every step: nothing that changes a node is
+        sent, and planning takes no lock."""
+        from sparkconsole.deploy.opening import open_deployment
+        from sparkconsole.deploy.session import run_flow, run_teardown
+        from sparkconsole.deploy.state import StateStore
+
+        read_only = bool(self.config.read_only)
+        request.on_state(True, "")
+        try:
+            async with open_deployment(
+                    self.config, request.options, request.state, answer=request.answer, emit=request.emit,
+                    confirm=request.confirm, settings=self.deployment_settings(), journal=self.journal,
+                    store=StateStore(), read_only=read_only, plan_only=read_only,
+                    transport_factory=self.transport_factory, lock=not self.private_cluster,
+                    on_note=lambda text: self.notify(text, title="wizard", severity="warning", timeout=8)) as session:
+                if request.teardown:
+                    outcome = await run_teardown(session.flow)
+                else:
+                    outcome = await run_flow(session.flow, until=request.until, on_plan=request.on_plan)
+            request.emit(outcome.result)
+        except Exception as exc:
+            request.on_state(False, exc.message if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}")
+            raise  # worker_failed says it
+        else:
+            request.on_state(False, "")
 
     def action_overview(self) -> None:
         while len(self.screen_stack) > 2:

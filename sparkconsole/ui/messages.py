@@ -4,15 +4,29 @@ app never probes a screen for a method.
 
 The app's news for screens (:class:`NodeUpdated`, :class:`AgesTicked`, :class:`ActionFinished`)
 do not bubble: a screen that does not handle one simply ignores it. A screen's intents
-(:class:`OpenNode`, :class:`OpenLogs`, :class:`ServiceActionRequested`) bubble up to the app,
-which owns the screen stack and the nodes' connections.
+(:class:`OpenNode`, :class:`OpenLogs`, :class:`ServiceActionRequested`,
+:class:`DeploymentRequested`) bubble up to the app, which owns the screen stack and the nodes'
+connections.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from textual.message import Message
 
 from sparkconsole.services import Service
+
+if TYPE_CHECKING:
+    from sparkconsole.deploy.decisions import Answerer
+    from sparkconsole.deploy.events import Event
+    from sparkconsole.deploy.flow import Options
+    from sparkconsole.deploy.runner import Confirm
+    from sparkconsole.deploy.state import DeploymentState
+    from sparkconsole.remote import RemoteCommand
+
+    OnPlan = Callable[[str, str, list[tuple[str, RemoteCommand]]], None]
 
 
 class NodeUpdated(Message, bubble=False):
@@ -62,3 +76,29 @@ class ServiceActionRequested(Message):
         self.node = node
         self.service = service
         self.action = action
+
+
+class DeploymentRequested(Message):
+    """Run (or tear down) a deployment: the wizard asks, the app opens it.
+
+    The app holds what a deployment is opened with (the cluster's config, the journal, the
+    transport factory, the demo's clock) and opens it through
+    :func:`sparkconsole.deploy.opening.open_deployment`, as ``sparkconsole deploy`` does. The
+    wizard brings the deployment and how it is answered and shown: ``answer`` and ``confirm`` (its
+    dialogs), ``emit`` and ``on_plan`` (the event stream), and ``on_state(running, error)``, told when
+    the run starts and when it ends (``error``: why it could not run or crashed; "" otherwise).
+    """
+
+    def __init__(self, state: DeploymentState, options: Options, *, teardown: bool, until: str | None,
+                 answer: Answerer, confirm: Confirm, emit: Callable[[Event], None], on_plan: OnPlan,
+                 on_state: Callable[[bool, str], None]) -> None:
+        super().__init__()
+        self.state = state
+        self.options = options
+        self.teardown = teardown
+        self.until = until
+        self.answer = answer
+        self.confirm = confirm
+        self.emit = emit
+        self.on_plan = on_plan
+        self.on_state = on_state

@@ -13,9 +13,14 @@ another), so the two never disagree about what ran:
   :class:`~sparkconsole.ui.screens.confirm.ConfirmScreen` with the step's changing commands, both
   skipped under auto (``a``). A question waits until the wizard is on screen: the operator who went
   back to the overview is told, and answers when they come back with ``w``;
-* the run is a worker of the *app* (group ``wizard``, exclusive), so it goes on when the operator
-  leaves the screen, and its failures end in the app's one worker handler. The app keeps this
-  screen installed, so ``w`` shows the same run again.
+* the screen does not wire the run: it posts a :class:`~sparkconsole.ui.messages.DeploymentRequested`
+  to the app (the deployment, its options, these callbacks), and the app opens it through
+  :func:`~sparkconsole.deploy.opening.open_deployment`, the opener ``sparkconsole deploy`` and the
+  tests use (the cluster's lock, the transports, the runner, the flow). The run is a worker of the
+  *app* (group ``wizard``, exclusive), so it goes on when the operator leaves the screen, and its
+  failures end in the app's one worker handler. The app keeps this screen installed, so ``w`` shows
+  the same run again. A second wizard on the same cluster (another console, a ``sparkconsole
+  deploy``) is refused at Enter with the holder's name, and the screen says so.
 
 Beside the steps, one :class:`~sparkconsole.ui.widgets.node_panel.NodePanel` per node is fed the
 poller's samples (the overview's), so memory is seen falling as services stop and rising as
@@ -26,7 +31,6 @@ nothing that changes a node is sent). On the demo cluster the runner's clock spe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,7 +59,7 @@ from sparkconsole.deploy.flow import STEP_IDS, STEPS, Options
 from sparkconsole.deploy.state import DeploymentState
 from sparkconsole.remote import RemoteCommand
 from sparkconsole.ui.keymap import WIZARD_BINDINGS
-from sparkconsole.ui.messages import OpenLogs
+from sparkconsole.ui.messages import DeploymentRequested, OpenLogs
 from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_panel import NodePanel
@@ -73,7 +77,6 @@ MARKS: dict[str, tuple[str, str]] = {
 }
 OUTPUT_LINES = 400  # the engine log kept on screen (the node keeps all of it)
 COMMANDS_KEPT = 60  # per step: a long step (polls) shows its latest commands
-DEMO_POLL_S = 0.1
 
 
 # ---- messages: the runner's events, carried to the screen ------------------------------------
@@ -352,6 +355,7 @@ class WizardScreen(LiveScreen):
         self.state = state  # the deployment shown (and resumed by Enter)
         self.run = WizardRun()
         self.running = False
+        self.error = ""  # why the last run could not start or crashed ("" when it did not)
         self.shown: str | None = None  # the step in the middle; None: follow the run
         self._visible = asyncio.Event()
         self._waiting_told = False
@@ -441,7 +445,7 @@ class WizardScreen(LiveScreen):
         if self.read_only:
             text.append("   READ-ONLY: plans and shows every step, sends nothing that changes a node",
                         style="bold red")
-        demo = getattr(app, "demo", None)
+        demo = app.demo
         if demo is not None:
             text.append("   " + f"demo: sim time x{demo.speed:g}".replace(" ", "\u00a0"), style="dim")  # one piece
         if self.until:
@@ -453,6 +457,8 @@ class WizardScreen(LiveScreen):
         if self.running:
             step = self.run.current or "recon"
             return Text(f"▶ running: {step} — {STEP_TITLES.get(step, step)}", style="bold cyan")
+        if r is None and self.error:
+            return Text(f"✗ {self.error}", style="bold red")
         if r is None:
             if self.state is not None and self.state.steps:
                 return Text("stopped · Enter resumes (finished steps are not run again)", style="yellow")
@@ -545,6 +551,7 @@ class WizardScreen(LiveScreen):
 
     def on_wizard_run_state(self, message: WizardRunState) -> None:
         self.running = message.running
+        self.error = message.error
         if message.error and self.run.current:
             v = self.run.view(self.run.current)
             if v.state in ("running", "waiting"):
@@ -558,39 +565,27 @@ class WizardScreen(LiveScreen):
 
     # ---- running -----------------------------------------------------------------------------
 
-    def _settings(self):
-        from sparkconsole.deploy.runner import Settings
-
-        demo = getattr(self.app, "demo", None)
-        if demo is not None:  # the runner's clock must be the sim's, or every timeout is off by `speed`
-            return Settings(poll_s=DEMO_POLL_S, speed=float(demo.speed))
-        scale = float(getattr(self.app.config, "time_scale", 1.0))  # a running demo reached by --config
-        return Settings(poll_s=DEMO_POLL_S, speed=scale) if scale != 1.0 else Settings()
-
     def _new_state(self) -> DeploymentState:
         config = self.sc.config
-        if self.read_only:
-            return DeploymentState.new(self.options.model, self.options.to_json(), config.name)
-        if getattr(self.app, "demo", None) is None:
+        if not self.read_only and not self.sc.private_cluster:
             earlier = self._earlier(config.name)
             if earlier is not None:
                 return earlier
         return DeploymentState.new(self.options.model, self.options.to_json(), config.name)
 
     def _earlier(self, cluster: str) -> DeploymentState | None:
-        """The latest unfinished deployment of this cluster (a console closed or killed mid-run)."""
+        """The deployment Enter resumes: the same rule as ``sparkconsole deploy``'s note
+        (:func:`~sparkconsole.deploy.opening.find_earlier`: this cluster, this model, not torn down).
+        A served one is resumed too: every step finds its work done and nothing changes a node."""
+        from sparkconsole.deploy.opening import find_earlier
         from sparkconsole.deploy.state import StateStore
-        from sparkconsole.errors import UserError
 
-        try:
-            st = StateStore().load(None)
-        except UserError:
+        st = find_earlier(StateStore(), cluster, self.options.model)
+        if st is None:
             return None
-        if st.cluster != cluster or st.result in ("served", "torn-down"):
-            return None
-        self.options = Options.from_json(st.options)
-        self.app.notify(f"resuming deployment {st.id} (started {st.created}): finished steps are not run again",
-                        title="wizard", timeout=6)
+        self.options = Options.from_json(st.options) if st.options else self.options
+        self.app.notify(f"resuming deployment {st.id} ({st.result or 'unfinished'}, started {st.created}): "
+                        "finished steps are not run again", title="wizard", timeout=6)
         return st
 
     def action_start(self) -> None:
@@ -601,8 +596,7 @@ class WizardScreen(LiveScreen):
         if self.state is None:
             self.state = self._new_state()
         self.run.result = None
-        self.app.run_worker(self._run(teardown=False), group="wizard", exclusive=True, exit_on_error=False,
-                            description=f"deployment {self.state.id}")
+        self._request(teardown=False)
 
     def action_teardown(self) -> None:
         if self.running:
@@ -618,51 +612,28 @@ class WizardScreen(LiveScreen):
         names = "\n".join(f"{s.node} $ docker rm -f {s.name}" for s in st.started) or "(nothing started)"
 
         def go(yes: bool | None) -> None:
-            if yes:
+            if yes and not self.running:
                 self.run.result = None
-                self.app.run_worker(self._run(teardown=True), group="wizard", exclusive=True, exit_on_error=False,
-                                    description=f"teardown {st.id}")
+                self._request(teardown=True)
 
         self.app.push_screen(ConfirmScreen(", ".join(sorted({s.node for s in st.started})) or "the nodes",
                                            f"deployment {st.id}", names, action="tear down",
                                            note="Only what this deployment started is removed; the services it "
                                                 "stopped are offered back after."), go)
 
-    async def _run(self, teardown: bool) -> None:
-        """The worker: build the runner as ``sparkconsole deploy`` does, walk the flow, say the end."""
-        from sparkconsole.deploy.flow import Flow
-        from sparkconsole.deploy.runner import Runner
-        from sparkconsole.deploy.session import run_flow, run_teardown
-        from sparkconsole.deploy.state import StateStore
-        from sparkconsole.transport import node_transport
-
-        app: Any = self.app
-        config = app.config
+    def _request(self, *, teardown: bool) -> None:
+        """Ask the app to run this deployment (it opens it as ``sparkconsole deploy`` does). Running
+        from now: a second Enter before the app's worker starts must not ask twice."""
         assert self.state is not None
-        self.post_message(WizardRunState(True))
-        factory = app.transport_factory or (lambda n: node_transport(config, n))
-        # its own connections: a command of the deployment may take an hour, and the poller's watchdog
-        # closes and reopens its transport when a probe hangs
-        transports = {n.name: factory(n) for n in config.nodes}
-        try:
-            runner = Runner(config=config, state=self.state, transports=transports, answer=self._answer,
-                            emit=self._emit, store=StateStore(), journal=app.journal, confirm=self._confirm,
-                            settings=self._settings(), read_only=self.read_only, plan_only=self.read_only)
-            flow = Flow(runner, Options.from_json(self.state.options) if self.state.options else self.options)
-            if teardown:
-                outcome = await run_teardown(flow)
-            else:
-                outcome = await run_flow(flow, until=self.until, on_plan=self._on_plan)
-            self._emit(outcome.result)
-        except Exception as exc:
-            self.post_message(WizardRunState(False, error=f"{type(exc).__name__}: {exc}"))
-            raise  # the app's worker handler says it
-        else:
-            self.post_message(WizardRunState(False))
-        finally:
-            for t in transports.values():
-                with contextlib.suppress(Exception):
-                    await t.close()
+        self.running = True
+        self.error = ""
+        options = Options.from_json(self.state.options) if self.state.options else self.options
+        self.app.post_message(DeploymentRequested(
+            self.state, options, teardown=teardown, until=None if teardown else self.until, answer=self._answer,
+            confirm=self._confirm, emit=self._emit, on_plan=self._on_plan, on_state=self._on_state))
+
+    def _on_state(self, running: bool, error: str) -> None:
+        self.post_message(WizardRunState(running, error))
 
     def _emit(self, event: Event) -> None:
         self.post_message(WizardEvent(event))
@@ -680,6 +651,9 @@ class WizardScreen(LiveScreen):
         await self._visible.wait()
 
     async def _ask(self, screen: Any) -> Any:
+        """Show ``screen`` and wait for what it is dismissed with. Not Textual's ``push_screen_wait``:
+        that one refuses outside a worker, and the runner's ``answer``/``confirm`` are awaited
+        wherever the runner runs (the app's worker in the console, a plain task in tests)."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
 
