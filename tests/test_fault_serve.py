@@ -225,7 +225,8 @@ async def test_docker_kill_while_the_weights_load_is_classified_within_two_polls
     assert "journalctl -k | grep -i oom" in asked.measured[-1] and "earlyoom" in asked.measured[-1]
     values = [o["value"] for o in asked.options]
     assert values[0] == "again" and "stop" in values and asked.recommended == "again"
-    assert 1 <= detected.polls <= 2, detected  # a couple of polls, not hang_after_s (600 s of quiet log)
+    # a couple of polls (none when the poll in flight at the kill already saw it), not hang_after_s (600 s)
+    assert detected.polls <= 2, detected
     assert not any(e.kind == "decision" and e.id == "serve.hang" for _t, e in events)
     # "start again": the Ray cluster formed again, vLLM loaded again, and it serves
     assert answered.answer == "again"
@@ -255,7 +256,7 @@ async def test_the_kernels_oom_kill_while_the_weights_load_is_oom_and_offers_the
     values = [o["value"] for o in asked.options]
     assert "back-plan" in values and "shorter" in values and asked.recommended in ("shorter", "back-plan")
     assert "gpu-memory-utilization" in asked.measured[-1]
-    assert 1 <= detected.polls <= 2, detected
+    assert detected.polls <= 2, detected
     assert not outcome.ok and outcome.stopped_at == "serve" and "(oom)" in outcome.result.message
     assert answered.answer == "stop" and not any(e.kind == "decision" and e.id == "serve.hang" for _t, e in events)
     print(f"\nthe kernel's OOM killer ended the Ray head's container at {shards}: classified 'oom' "
@@ -270,6 +271,6 @@ async def test_a_ray_workers_container_killed_while_the_head_still_logs_is_seen_
     proof = asked.measured[0]
     assert proof.startswith("spark-5be3: container sparkconsole-ray-") and "killed with SIGKILL" in proof, proof
     assert "while loading weights, shard" in proof
-    assert 1 <= detected.polls <= 3, detected  # the containers are read every third poll at least
+    assert detected.polls <= 3, detected  # the containers are read every third poll at least
     assert not outcome.ok and outcome.stopped_at == "serve"
     print(f"\ndocker kill of the Ray worker's container at {shards}: classified 'killed' {detected.polls} log polls later")
