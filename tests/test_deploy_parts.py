@@ -284,7 +284,10 @@ class _Runner:
     def __init__(self, facts: dict, engine_out: str = "") -> None:
         from types import SimpleNamespace
 
-        self.state = SimpleNamespace(facts=facts, steps={}, started=[], short_id="t1")
+        from sparkconsole.deploy.deployment_plan import DeploymentPlan
+
+        plan = DeploymentPlan.from_json({k: v for k, v in facts.items() if k != "nodes"})
+        self.state = SimpleNamespace(facts={"nodes": facts["nodes"]}, plan=plan, steps={}, started=[], short_id="t1")
         self.notes: list[str] = []
         self.head = SimpleNamespace(name="spark-1a32")
         self.nodes = [SimpleNamespace(name="spark-1a32"), SimpleNamespace(name="spark-5be3")]
@@ -338,9 +341,9 @@ async def test_engine_step_reads_the_version_and_replans_under_its_rules():
     from sparkconsole.planner.plan import layout_row
 
     await Engine(f).verify()
-    assert f.get("vllm_version") == "0.17.0" and f.get("plan_vllm_version") == "0.17"
+    assert f.plan.vllm_version == "0.17.0" and f.plan.plan_vllm_version == "0.17"
     (note,) = [n for n in r.notes if n.startswith("re-plan for the image's vLLM 0.17.0")]
-    assert "(vLLM 0.17)" in note and "fits on 2 Sparks" in note and f.get("plan_fits") is True
+    assert "(vLLM 0.17)" in note and "fits on 2 Sparks" in note and f.plan.plan_fits is True
     new, old = (layout_row(f.spec, Plan.options(f, v), 2) for v in ("0.17.0", None))
     assert new["kv_cache_gib_per_node"] - old["kv_cache_gib_per_node"] == pytest.approx(0.5)
     assert f"{new['kv_cache_gib_per_node']:.1f} GiB KV per node" in note
@@ -364,5 +367,5 @@ def test_serve_calibration_uses_the_images_version():
     assert any("vLLM 0.17: CUDA-graph memory is not subtracted" in n for n in cal)
     # 1,408 blocks (see tests/test_planner_sim.py): the longest request they hold is
     # (1,408 - 3 x 2) // 1 x 2,096 = 2,938,592 tokens, capped at the model's 262,144
-    assert f.get("calibrated_longest_len") == 262_144
+    assert f.plan.calibrated_longest_len == 262_144
     assert any("blocks: plan" in n and "1,408 (derived)" in n for n in cal)

@@ -119,6 +119,8 @@ def test_find_earlier_takes_the_newest_of_this_cluster_and_model_never_a_torn_do
 class FakeTransport:
     node: str
     closed: list[str] = field(default_factory=list)
+    connected: bool = True  # the console's own tick reads these of every transport
+    last_error: str | None = None
 
     async def run(self, cmd, timeout: float = 30.0, input: str | None = None):  # pragma: no cover - not called
         raise AssertionError("the session sends nothing by itself")

@@ -220,7 +220,7 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
                       f"this cluster: `--resume {earlier.id}` continues it, `--teardown {earlier.id}` removes it")
             state = DeploymentState.new(options.model, options.to_json(), config.name)
             if getattr(args, "gmu", None) is not None:
-                state.facts["gmu_override"] = args.gmu  # the plan takes it as given
+                state.plan.gmu_override = args.gmu  # the plan takes it as given
         if not args.json and speed != 1.0:
             print(f"simulated cluster: its time runs x{speed:g} faster than the wall clock (waits and rates follow)")
         async with open_deployment(

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sparkconsole.errors import UserError
 
 
 @dataclass(frozen=True)
 class Option:
+    """One answer. ``value`` is its word (``--answer ID=VALUE``, the state's ``answers``); ``payload``
+    is what the step does with it (a layout, a list of services to stop), so no step parses its
+    own answers back out of strings."""
+
     value: str
     label: str
     why: str = ""
     experimental: bool = False
+    payload: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,21 @@ class Decision:
     recommended: str
     why: str
     free_text: bool = False  # an answer outside the options is allowed (an image the operator names)
+    # the payload of a free-text answer (an image the operator names, a list of services)
+    parse: Callable[[str], Any] | None = field(default=None, compare=False)
 
     def option(self, value: str) -> Option | None:
         return next((o for o in self.options if o.value == value), None)
+
+    def payload(self, answer: str) -> Any:
+        """What ``answer`` means to the step: its option's payload, else (free text) the decision's
+        own reading of it, else the words themselves."""
+        opt = self.option(answer)
+        if opt is not None and opt.payload is not None:
+            return opt.payload
+        if opt is None and self.parse is not None:
+            return self.parse(answer)
+        return answer
 
     def check(self, value: str) -> str:
         if self.option(value) is None and not self.free_text:

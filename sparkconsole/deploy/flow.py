@@ -21,12 +21,13 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from sparkconsole.deploy import engines, exits, freeing, netenv
 from sparkconsole.deploy import weights as W
 from sparkconsole.deploy.calibrate import from_log as serve_calibration
 from sparkconsole.deploy.decisions import Decision, Option
+from sparkconsole.deploy.deployment_plan import DeploymentPlan, ImageChoice, Layout, Stop, parse_stops
 from sparkconsole.deploy.recon import NodeFacts, facts_from_output, normalize_image, recon_command
 from sparkconsole.deploy.runner import GoTo, Runner, StepFailed
 from sparkconsole.deploy.state import Job, Started, Stopped
@@ -112,6 +113,11 @@ class Flow:
         self._facts: dict[str, NodeFacts] = {}
         self._facts_of: object = None
         self.steps: list[Step] = [cls(self) for cls in STEPS]
+        runner.declared = {s.id: s.decisions for s in self.steps} | {"teardown": Teardown.decisions}
+
+    def step(self, step_id: str) -> Step:
+        """The step of that id (a failed start names the step to go back to)."""
+        return next(s for s in self.steps if s.id == step_id)
 
     # -- facts --------------------------------------------------------------------------------
     @property
@@ -126,12 +132,15 @@ class Flow:
     def fact(self, node: str) -> NodeFacts:
         return self.facts[node]
 
-    def put(self, key: str, value: Any) -> None:
-        self.r.state.facts[key] = value
-        self.r.save()
+    @property
+    def plan(self) -> DeploymentPlan:
+        """What the steps decided and measured so far (typed; kept in the state file)."""
+        return self.r.state.plan
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.r.state.facts.get(key, default)
+    def update(self, **changes: Any) -> None:
+        """Set plan fields by name (a name the plan lacks fails at once) and save the state."""
+        self.plan.update(**changes)
+        self.r.save()
 
     @property
     def head(self) -> str:
@@ -140,7 +149,7 @@ class Flow:
     @property
     def nodes(self) -> list[str]:
         """The nodes this deployment spans: the head and as many workers as TP needs."""
-        n = int(self.get("tp") or self.o.tp or len(self.r.nodes)) * int(self.get("pp") or 1)
+        n = int(self.plan.tp or self.o.tp or len(self.r.nodes)) * int(self.plan.pp or 1)
         names = [self.head] + [x.name for x in self.r.nodes if x.name != self.head]
         return names[:max(1, n)]
 
@@ -162,18 +171,18 @@ class Flow:
 
     @property
     def image(self) -> str:
-        return str(self.get("image") or self.o.image or "")
+        return str(self.plan.image or self.o.image or "")
 
     @property
     def engine(self) -> str:
-        return str(self.get("engine") or self.o.engine)
+        return str(self.plan.engine or self.o.engine)
 
     @property
     def executor(self) -> str:
         """``single`` (one node: the image's own entrypoint, no Ray), else the answer: ray | native."""
         if len(self.nodes) < 2:
             return "single"
-        return str(self.get("executor") or self.o.executor or "ray")
+        return str(self.plan.executor or self.o.executor or "ray")
 
     def container(self, role: str) -> str:
         return f"sparkconsole-{role}-{self.r.state.short_id}"
@@ -212,7 +221,8 @@ class Flow:
         stored = dict(self.r.state.facts.get("nodes", {}))
         for f in got:
             stored[f.node] = f.to_json()
-        self.put("nodes", stored)
+        self.r.state.facts["nodes"] = stored
+        self.r.save()
         return {f.node: f for f in got}
 
 
@@ -297,14 +307,15 @@ def _cuda_total(f: NodeFacts) -> float:
 
 class Plan(Step):
     id, title = "plan", "Plan memory: one node or several"
+    decisions = ("plan.layout",)
 
     @staticmethod
     def vllm_version(f: Flow) -> str | None:
         """The vLLM whose rules the plan uses: the image's, once the engine step has read it (a
         re-plan after a failed start), else the version of the image asked for (--image, by its tag
         or the known images), else None: the planner assumes the newest it knows, and says so."""
-        if f.get("vllm_version"):
-            return str(f.get("vllm_version"))
+        if f.plan.vllm_version:
+            return str(f.plan.vllm_version)
         img = f.o.image
         if not img:
             return None
@@ -319,9 +330,9 @@ class Plan(Step):
     def options(f: Flow, vllm_version: str | None) -> PlanOptions:
         """The chosen plan's options, as the plan step stored them (for a re-plan by version)."""
         node_gib = min(_cuda_total(x) for x in f.facts.values()) / GIB
-        return PlanOptions(node_memory_gib=node_gib, max_model_len=f.get("max_model_len"),
-                           gpu_memory_utilization=float(f.get("gmu") or 0.85),
-                           kv_cache_dtype=f.get("kv_cache_dtype") or "auto", vllm_version=vllm_version, force=True)
+        return PlanOptions(node_memory_gib=node_gib, max_model_len=f.plan.max_model_len,
+                           gpu_memory_utilization=float(f.plan.gmu or 0.85),
+                           kv_cache_dtype=f.plan.kv_cache_dtype or "auto", vllm_version=vllm_version, force=True)
 
     async def decide(self) -> None:
         f = self.f
@@ -332,11 +343,11 @@ class Plan(Step):
         # frees on the tightest node (vLLM checks free >= gmu x total at start), at most 0.85 (GB10 practice)
         best = min((x.mem_available or 0) + sum(freeing.container_bytes(x).values()) for x in facts.values())
         room = math.floor(100 * (best - LAUNCH_MARGIN) / (node_gib * GIB)) / 100
-        gmu = float(f.get("gmu_override") or min(0.85, max(0.5, room)))
-        if gmu < 0.85 and not f.get("gmu_override"):
+        gmu = float(f.plan.gmu_override or min(0.85, max(0.5, room)))
+        if gmu < 0.85 and not f.plan.gmu_override:
             self.r.note(f"--gpu-memory-utilization {gmu}: even with every service stopped the tightest node has "
                         f"{best / GIB:.1f} GiB free")
-        mml_ask = f.get("max_model_len_override") or f.o.max_model_len
+        mml_ask = f.plan.max_model_len_override or f.o.max_model_len
         from sparkconsole.planner.overheads import rules_for
 
         version = self.vllm_version(f)
@@ -367,6 +378,10 @@ class Plan(Step):
                             f"concurrency at {row['max_model_len']:,} tokens: "
                             f"{'fits' if row['fits'] else 'does not fit'}")
         options = []
+
+        def offer(layout: Layout, label: str, why: str) -> None:
+            options.append(Option(layout.value, label, why, payload=layout))
+
         for (tp, pp), row in table.items():
             if row.get("error"):
                 continue
@@ -374,52 +389,48 @@ class Plan(Step):
                      f"PP={pp} pipeline stages over {tp * pp} Sparks")
             why = (f"{row['weights_gib_per_node']:.1f} GiB weights per node; "
                    + ("fits" if row["fits"] else "out of memory on loading (the single-node OOM risk)"))
-            options.append(Option(f"tp{tp}" + (f"-pp{pp}" if pp > 1 else ""), label, why))
+            offer(Layout(tp, pp), label, why)
         fp8 = compare_tp(f.spec, dataclasses.replace(base, kv_cache_dtype="fp8"), tps=(tp_n,))[0]
         if not fp8.get("error") and tp_n > 1:
-            options.append(Option(f"tp{tp_n}-fp8kv", f"TP={tp_n} with fp8 KV cache",
-                                  f"{fp8['max_concurrency']:.1f}x concurrency (twice the tokens, slightly lower quality)"))
+            offer(Layout(tp_n, kv_cache_dtype="fp8"), f"TP={tp_n} with fp8 KV cache",
+                  f"{fp8['max_concurrency']:.1f}x concurrency (twice the tokens, slightly lower quality)")
         full = rows.get(tp_n) or {}
         if tp_n > 1 and not full.get("error") and full.get("max_model_len", 0) > 32768:
             short = max(32768, int(full["max_model_len"]) // 4)
             alt = compare_tp(f.spec, dataclasses.replace(base, max_model_len=short), tps=(tp_n,))[0]
             if not alt.get("error"):
-                options.append(Option(f"tp{tp_n}-ctx{short}", f"TP={tp_n} with --max-model-len {short:,}",
-                                      f"{alt['max_concurrency']:.1f}x concurrency: more requests at once, "
-                                      "shorter prompts"))
+                offer(Layout(tp_n, max_model_len=short), f"TP={tp_n} with --max-model-len {short:,}",
+                      f"{alt['max_concurrency']:.1f}x concurrency: more requests at once, shorter prompts")
         options.append(Option("4bit", "a 4-bit variant on one Spark",
                               "an NVFP4/INT4 build of the model fits one node (other checkpoint; this run stops)"))
         fitting = sorted((t * p, p, t) for (t, p), row in table.items() if row.get("fits"))
         cheapest = fitting[0] if fitting else None
-        rec = (f"tp{cheapest[2]}" + (f"-pp{cheapest[1]}" if cheapest[1] > 1 else "")) if cheapest else "4bit"
+        rec = Layout(cheapest[2], cheapest[1]).value if cheapest else "4bit"
         why = ("the cheapest layout that fits: " + (f"TP={cheapest[2]}" + (f" x PP={cheapest[1]}" if cheapest[1] > 1
                                                                          else "") if cheapest else "none fits as asked")
                + (f"; one Spark would run out of memory loading {rows[1]['weights_gib_per_node']:.0f} GiB"
                   if 1 in rows and not rows[1].get("fits") and not rows[1].get("error") else ""))
         d = Decision("plan.layout", self.id, "Single-node OOM risk: how to lay the model out",
                      tuple(measured), tuple(options), rec, why)
-        answer = await self.r.decide(d)
-        if answer == "4bit":
+        layout = await self.r.choose(d)
+        if not isinstance(layout, Layout):  # the one option without a layout: another checkpoint
             raise StepFailed("a 4-bit variant was chosen: that is another checkpoint",
                              "run `sparkconsole deploy --model <the 4-bit repo> --tp 1` (e.g. an NVFP4 build)")
-        m = re.match(r"tp(\d+)(?:-pp(\d+))?", answer)
-        tp, pp = int(m.group(1)), int(m.group(2) or 1)  # type: ignore[union-attr]
-        kv = "fp8" if answer.endswith("fp8kv") else "auto"
-        ctx = re.search(r"-ctx(\d+)$", answer)
-        if ctx:
-            base = dataclasses.replace(base, max_model_len=int(ctx.group(1)))
+        tp, pp, kv = layout.tp, layout.pp, layout.kv_cache_dtype
+        if layout.max_model_len:
+            base = dataclasses.replace(base, max_model_len=layout.max_model_len)
         chosen = layout_row(f.spec, dataclasses.replace(base, kv_cache_dtype=kv), tp, pp)
-        f.put("tp", tp)
-        f.put("pp", pp)
-        f.put("plan_fits", bool(chosen.get("fits")))
-        f.put("plan_vllm_version", rules_for(version).version if version else None)
-        f.put("kv_cache_dtype", kv)
+        f.update(tp=tp)
+        f.update(pp=pp)
+        f.update(plan_fits=bool(chosen.get("fits")))
+        f.update(plan_vllm_version=rules_for(version).version if version else None)
+        f.update(kv_cache_dtype=kv)
         mml = int(chosen["max_model_len"])
-        f.put("max_model_len", mml)
+        f.update(max_model_len=mml)
         # the memory each node must have free at launch
-        f.put("gmu", gmu)
+        f.update(gmu=gmu)
         need = {n: int(gmu * _cuda_total(facts[n]) + LAUNCH_MARGIN) for n in f.nodes}
-        f.put("need", need)
+        f.update(need=need)
         choices = {n: freeing.choose(facts[n], need[n]) for n in f.nodes}
         for n, c in choices.items():
             what = ", ".join(c.stop) if c.stop else "nothing"
@@ -435,15 +446,16 @@ class Plan(Step):
 
 class Engine(Step):
     id, title = "engine", "Engine: does the image know the model?"
+    decisions = ("engine.image",)
 
     async def _check(self, node: str, image: str) -> engines.EngineFacts:
         archs = tuple(self.f.spec.geometry.architectures) or engines.QWEN35[:1]
         cmd = python_in_image(image, engines.engine_program(archs))
         res = await self.r.read(node, cmd, timeout=180)
         ef = engines.parse_engine_output(image, res.stdout + res.stderr, res.exit_status)
-        checked = dict(self.f.get("engine_checks") or {})
+        checked = dict(self.f.plan.engine_checks or {})
         checked[image] = {"versions": ef.versions, "archs": ef.archs, "error": ef.error}
-        self.f.put("engine_checks", checked)
+        self.f.update(engine_checks=checked)
         return ef
 
     async def decide(self) -> None:
@@ -469,28 +481,26 @@ class Engine(Step):
                             f"{'registered' if knows else 'NOT registered' if knows is False else 'unknown'}")
             if knows and ef.vllm:  # an SGLang image is offered as the SGLang engine, below
                 good.append((engines.version_tuple(ef.vllm), img))
-        options = [Option(img, f"{img} (on the nodes, knows {arch})", "already here: nothing to pull")
-                   for _, img in sorted(good, reverse=True)]
+        options = [Option(img, f"{img} (on the nodes, knows {arch})", "already here: nothing to pull",
+                          payload=ImageChoice("vllm", img)) for _, img in sorted(good, reverse=True)]
         for k in engines.KNOWN_IMAGES:
             if k.engine == "vllm" and all(o.value != k.ref for o in options) and arch in k.archs:
                 options.append(Option(k.ref, f"{k.ref} (vLLM {k.version}, known to work)",
                                       k.note + ("; present" if normalize_image(k.ref) in present else
-                                                "; pulled on a node with internet, copied to the others")))
+                                                "; pulled on a node with internet, copied to the others"),
+                                      payload=ImageChoice("vllm", k.ref)))
         sg = next((k for k in engines.KNOWN_IMAGES if k.engine == "sglang"), None)
         if sg is not None:
-            options.append(Option("sglang", f"SGLang ({sg.ref})", sg.note, experimental=True))
+            options.append(Option("sglang", f"SGLang ({sg.ref})", sg.note, experimental=True,
+                                  payload=ImageChoice("sglang", sg.ref)))
         rec = options[0].value
         why = (f"{options[0].value} knows {arch}" if good else
                f"no image on the nodes knows {arch}; {rec} does (pinned by its image ID after the pull)")
         d = Decision("engine.image", self.id, "Engine compatibility: which image serves the model",
-                     tuple(measured), tuple(options), rec, why, free_text=True)
-        answer = await self.r.decide(d)
-        if answer == "sglang" and sg is not None:
-            f.put("engine", "sglang")
-            f.put("image", sg.ref)
-        else:
-            f.put("engine", "vllm")
-            f.put("image", answer)
+                     tuple(measured), tuple(options), rec, why, free_text=True,
+                     parse=lambda ref: ImageChoice("vllm", ref))  # an image the operator names
+        choice: ImageChoice = await self.r.choose(d)
+        f.update(engine=choice.engine, image=choice.ref)
 
     def _holder(self, image: str) -> str:
         for n, x in self.f.facts.items():
@@ -522,7 +532,7 @@ class Engine(Step):
             raise StepFailed(f"{img}: {why}", "choose another image: --resume and answer engine.image, or --image IMG")
         ident = next((i.id for x in f.facts.values() for i in x.images if normalize_image(i.ref) == normalize_image(img)),
                      "")
-        f.put("image_id", ident)
+        f.update(image_id=ident)
         self.r.note(f"{img}: vLLM {ef.vllm or '-'}, SGLang {ef.versions.get('sglang') or '-'}, "
                     f"{arch} registered; image ID {ident[:19]}")
         if f.engine == "vllm" and ef.vllm:
@@ -534,15 +544,15 @@ class Engine(Step):
         from sparkconsole.planner.overheads import rules_for
 
         f = self.f
-        f.put("vllm_version", version)
-        if f.get("tp") is None or rules_for(version).version == f.get("plan_vllm_version"):
+        f.update(vllm_version=version)
+        if f.plan.tp is None or rules_for(version).version == f.plan.plan_vllm_version:
             return
-        row = layout_row(f.spec, Plan.options(f, version), int(f.get("tp") or 1), int(f.get("pp") or 1))
-        f.put("plan_vllm_version", rules_for(version).version)
+        row = layout_row(f.spec, Plan.options(f, version), int(f.plan.tp or 1), int(f.plan.pp or 1))
+        f.update(plan_vllm_version=rules_for(version).version)
         if row.get("error"):
             self.r.note(f"re-plan for the image's vLLM {version}: {row['error']}")
             return
-        f.put("plan_fits", bool(row["fits"]))
+        f.update(plan_fits=bool(row["fits"]))
         self.r.note(f"re-plan for the image's vLLM {version}: {row['kv_cache_gib_per_node']:.1f} GiB KV per node, "
                     f"{row['max_concurrency']:.1f}x concurrency at {row['max_model_len']:,} tokens; {row['headline']}")
 
@@ -551,6 +561,7 @@ class Engine(Step):
 
 class Network(Step):
     id, title = "network", "Fast link: port, addresses, MTU, a don't-fragment ping"
+    decisions = ("network.mtu",)
 
     async def decide(self) -> None:
         facts = [self.f.fact(n) for n in self.f.nodes]
@@ -570,10 +581,10 @@ class Network(Step):
                          f"set-{low}", "NCCL hangs (IBV_WC_LOC_LEN_ERR) when the MTUs differ")
             if await self.r.decide(d) == "stop":
                 raise StepFailed(mtu[0].what, mtu[0].fix)
-            self.f.put("set_mtu", low)
+            self.f.update(set_mtu=low)
 
     async def send(self) -> None:
-        low = self.f.get("set_mtu")
+        low = self.f.plan.set_mtu
         if not low:
             return
         for n in self.f.nodes:
@@ -626,17 +637,18 @@ def _find_broken(snap: str) -> RemoteCommand:
 
 class Weights(Step):
     id, title = "weights", "Weights: download once, copy over the fast link, verify everywhere"
+    decisions = ("weights.link",)
 
     async def _hub_files(self) -> list[W.HubFile]:
-        cached = self.f.get("hub_files")
+        cached = self.f.plan.hub_files
         if cached:
-            return [W.HubFile(**x) for x in cached]
+            return list(cached)
         src = next((n for n, x in self.f.facts.items() if x.hub), None)
         if src is None:
             return []
         res = await self.r.read(src, hub_tree(self.f.o.model), timeout=60)
         files = W.parse_tree(res.stdout)
-        self.f.put("hub_files", [x.__dict__ for x in files])
+        self.f.update(hub_files=list(files))
         return files
 
     async def _verify_node(self, node: str, hub: list[W.HubFile], hashes: bool = False) -> W.Verdict:
@@ -649,7 +661,7 @@ class Weights(Step):
         if hashes:
             # a file whose sha256 matched before (hashed as it landed, or by an earlier verify) and
             # whose size is still right is not read again (deploy-failures.md §3)
-            known = {p: h for p, h in ((self.f.get("weights_hashed") or {}).get(node) or {}).items()
+            known = {p: h for p, h in ((self.f.plan.weights_hashed or {}).get(node) or {}).items()
                      if any(f.path == p and f.size == listing.get(p) for f in hub)}
             files = [f.path for f in hub if f.sha256 and listing.get(f.path) == f.size and f.path not in known]
             rev_dir = next((p.split("/")[0] for p in W.parse_sizes(sizes.stdout) if "/" in p), "")
@@ -660,9 +672,9 @@ class Weights(Step):
                 sums.update({k.split(f"/{rev_dir}/", 1)[-1]: v for k, v in W.parse_sha256sum(res.stdout).items()})
                 good = {f.path: f.sha256 for f in hub if f.sha256 and sums.get(f.path) == f.sha256}
                 if good.keys() - known.keys():
-                    hashed = dict(self.f.get("weights_hashed") or {})
+                    hashed = dict(self.f.plan.weights_hashed or {})
                     hashed[node] = {**known, **good}
-                    self.f.put("weights_hashed", hashed)
+                    self.f.update(weights_hashed=hashed)
         return W.compare(node, hub, listing, bad_links, sums)
 
     async def probe(self) -> str | None:
@@ -675,7 +687,7 @@ class Weights(Step):
         return None
 
     def _source(self) -> str | None:
-        done = self.f.get("weights_ok") or {}
+        done = self.f.plan.weights_ok or {}
         for n in self.f.nodes:
             if done.get(n):
                 return n
@@ -727,7 +739,7 @@ class Weights(Step):
         src = self._source()
         assert src is not None  # send found one
         download, copies = self._download, self._copies
-        ok = dict(f.get("weights_ok") or {})
+        ok = dict(f.plan.weights_ok or {})
         self._link_lock, self._link_back = asyncio.Lock(), set()
         copying = {n: asyncio.ensure_future(self.r.wait_job(job, lambda text, n=n: self._copy_progress(n, text)))
                    for n, job in copies.items()}
@@ -751,7 +763,7 @@ class Weights(Step):
                     raise StepFailed(f"{src}: the download is incomplete: {v.summary()}",
                                      "--resume downloads the rest")
             ok[src] = True
-            f.put("weights_ok", ok)
+            f.update(weights_ok=ok)
             for n in copying:
                 rc = await copying[n]
                 for _again in range(LINK_RETRIES):
@@ -882,7 +894,7 @@ class Weights(Step):
         if bad:
             raise StepFailed(f"{bad[0].node}: weights incomplete: {bad[0].summary()}",
                              "--resume copies what is missing (rsync -L --partial)")
-        self.f.put("weights_ok", {v.node: True for v in verdicts})
+        self.f.update(weights_ok={v.node: True for v in verdicts})
 
 
 # ---- images ---------------------------------------------------------------------------------------
@@ -949,6 +961,7 @@ class Images(Step):
 
 class FreeMemory(Step):
     id, title = "free-memory", "Free the memory the plan needs"
+    decisions = ("free-memory.stop",)
 
     async def probe(self) -> str | None:
         return "the model is already served" if await self.f.serving() else None
@@ -956,7 +969,7 @@ class FreeMemory(Step):
     async def decide(self) -> None:
         f = self.f
         facts = await f.recon(f.nodes)  # fresh numbers: services kept serving while weights moved
-        need = {n: int(v) for n, v in (f.get("need") or {}).items()}
+        need = {n: int(v) for n, v in (f.plan.need or {}).items()}
         choices = {n: freeing.choose(facts[n], need.get(n, 0)) for n in f.nodes}
         measured = []
         for n, c in choices.items():
@@ -964,26 +977,26 @@ class FreeMemory(Step):
             items = ", ".join(f"{k} {b / GIB:.1f} GiB" for k, b in sorted(held.items(), key=lambda kv: -kv[1]))
             measured.append(f"{n}: {c.available / GIB:.1f} GiB available, {c.need / GIB:.1f} GiB needed; "
                             f"running: {items or 'nothing'}; page cache {(facts[n].page_cache or 0) / GIB:.1f} GiB")
-        rec_stops = [f"{n}:{s}" for n, c in choices.items() for s in c.stop]
-        rec = ",".join(rec_stops) or "none"
-        every = [f"{n}:{s}" for n in f.nodes for s in sorted(freeing.container_bytes(facts[n]))]
-        options = [Option(rec, "stop " + (", ".join(rec_stops) or "nothing"),
-                          "the smallest set that makes the plan fit; the rest keeps serving")]
-        if every and ",".join(every) != rec:
-            options.append(Option(",".join(every), "stop every running service on these nodes", "most headroom"))
+        rec_stops = [Stop(n, s) for n, c in choices.items() for s in c.stop]
+        rec = ",".join(x.value for x in rec_stops) or "none"
+        every = [Stop(n, s) for n in f.nodes for s in sorted(freeing.container_bytes(facts[n]))]
+        options = [Option(rec, "stop " + (", ".join(x.value for x in rec_stops) or "nothing"),
+                          "the smallest set that makes the plan fit; the rest keeps serving", payload=rec_stops)]
+        if every and ",".join(x.value for x in every) != rec:
+            options.append(Option(",".join(x.value for x in every), "stop every running service on these nodes",
+                                  "most headroom", payload=every))
         options.append(Option("none", "stop nothing", "the start will fail its free-memory check"
-                              if rec != "none" else "enough is free already"))
+                              if rec != "none" else "enough is free already", payload=[]))
         short = [n for n, c in choices.items() if not c.enough]
         why = ("stopping these frees enough on every node" if not short else
                f"even stopping everything leaves {', '.join(short)} short: lower --gpu-memory-utilization")
         d = Decision("free-memory.stop", self.id, "Free memory: which services to stop", tuple(measured),
-                     tuple(options), rec, why, free_text=True)
-        answer = await self.r.decide(d)
-        stops = [] if answer == "none" else [x.split(":", 1) for x in answer.split(",") if ":" in x]
-        f.put("stops", stops)
+                     tuple(options), rec, why, free_text=True, parse=parse_stops)
+        f.update(stops=list(await self.r.choose(d)))
 
     async def send(self) -> None:
-        for n, name in self.f.get("stops") or []:
+        for stop in self.f.plan.stops:
+            n, name = stop.node, stop.name
             res = await self.r.change(n, docker_action("stop", name), key=f"stop {n} {name}")
             if not res.ok:
                 raise StepFailed(f"{n}: docker stop {name} failed: {res.stderr.strip()[-200:]}")
@@ -993,7 +1006,7 @@ class FreeMemory(Step):
 
     async def verify(self) -> None:
         facts = await self.f.recon(self.f.nodes)
-        need = self.f.get("need") or {}
+        need = self.f.plan.need or {}
         for n in self.f.nodes:
             have = facts[n].mem_available or 0
             self.r.note(f"{have / GIB:.1f} GiB available (launch needs {int(need.get(n, 0)) / GIB:.1f})", node=n)
@@ -1007,6 +1020,7 @@ class FreeMemory(Step):
 
 class Caches(Step):
     id, title = "caches", "Drop the page cache right before launch"
+    decisions = ("caches.drop",)
 
     async def probe(self) -> str | None:
         return "the model is already served" if await self.f.serving() else None
@@ -1020,10 +1034,10 @@ class Caches(Step):
                       Option("no", "leave it", "the start may fail its free-memory check")),
                      "yes", "the weights just read and copied sit in the page cache, which vLLM does not count "
                      "as free (vllm#35313)")
-        self.f.put("drop", await self.r.decide(d) == "yes")
+        self.f.update(drop=await self.r.decide(d) == "yes")
 
     async def send(self) -> None:
-        if self.f.get("drop"):
+        if self.f.plan.drop:
             await drop_page_cache(self.r, self.f.nodes)
 
 
@@ -1044,19 +1058,20 @@ DOCKER_OPTS = ["--network", "host", "--ipc", "host", "--gpus", "all", "--device"
 
 class Cluster(Step):
     id, title = "cluster", "Ray head and workers, every GPU seen"
+    decisions = ("cluster.executor",)
     _cpus = 0.0  # what the last `ray status` read counted
 
     async def decide(self) -> None:
         if self.f.engine == "sglang":
-            self.f.put("executor", "native")
+            self.f.update(executor="native")
             return
         d = Decision("cluster.executor", self.id, "How the nodes join: Ray or vLLM's native multi-node",
-                     (f"{len(self.f.nodes)} nodes, TP={self.f.get('tp')}",),
+                     (f"{len(self.f.nodes)} nodes, TP={self.f.plan.tp}",),
                      (Option("ray", "Ray head and workers in containers", "what the story's working run used; "
                              "`ray status` proves every GPU joined before serving"),
                       Option("native", "vLLM native --nnodes/--node-rank/--headless", "no Ray; workers start first")),
                      self.f.o.executor or "ray", "Ray is what NVIDIA's playbook and the story's working run use")
-        self.f.put("executor", await self.r.decide(d))
+        self.f.update(executor=await self.r.decide(d))
 
     def _ray_cmd(self, n: str) -> RemoteCommand:
         f = self.f
@@ -1099,7 +1114,7 @@ class Cluster(Step):
             return "one node: no cluster to form"
         if await self.f.serving():
             return "the model is already served"
-        if self.f.get("executor") == "ray" and any("-ray-" in s.name for s in self.r.state.started):
+        if self.f.plan.executor == "ray" and any("-ray-" in s.name for s in self.r.state.started):
             nodes, gpus = await self._status()
             if nodes >= len(self.f.nodes) and gpus >= self._gpus_wanted():
                 return f"Ray is up: {nodes} nodes, {gpus:g} GPUs"
@@ -1155,17 +1170,18 @@ class Cluster(Step):
 
 class Serve(Step):
     id, title = "serve", "Start the engine and follow it to ready"
+    decisions = ("serve.failure", "serve.hang")
     STATE_EVERY_POLLS = 3  # the engine's containers are read at least this often while the log moves
 
     def _vllm_args(self) -> list[str]:
         f = self.f
-        pp = int(f.get("pp") or 1)
-        args = [f.o.model, "--tensor-parallel-size", str(f.get("tp") or 1),
+        pp = int(f.plan.pp or 1)
+        args = [f.o.model, "--tensor-parallel-size", str(f.plan.tp or 1),
                 *(["--pipeline-parallel-size", str(pp)] if pp > 1 else []),
-                "--gpu-memory-utilization", str(f.get("gmu") or 0.85),
-                "--max-model-len", str(f.get("max_model_len") or 65536),
+                "--gpu-memory-utilization", str(f.plan.gmu or 0.85),
+                "--max-model-len", str(f.plan.max_model_len or 65536),
                 "--served-model-name", self.f.served_name, "--host", "0.0.0.0", "--port", str(f.o.port)]
-        if f.get("kv_cache_dtype") == "fp8":
+        if f.plan.kv_cache_dtype == "fp8":
             args += ["--kv-cache-dtype", "fp8"]
         parser = f.o.reasoning_parser or ("qwen3" if "qwen3" in f.o.model.lower() else None)
         if parser:
@@ -1181,7 +1197,7 @@ class Serve(Step):
         if f.engine == "sglang":
             out = []
             for rank, n in reversed(list(enumerate(f.nodes))):
-                args = ["-m", "sglang.launch_server", "--model-path", f.o.model, "--tp", str(f.get("tp") or 1),
+                args = ["-m", "sglang.launch_server", "--model-path", f.o.model, "--tp", str(f.plan.tp or 1),
                         "--nnodes", str(len(f.nodes)), "--node-rank", str(rank), "--dist-init-addr",
                         f"{f.ip(f.head)}:20000", "--host", "0.0.0.0", "--port", str(f.o.port),
                         "--mem-fraction-static", "0.70"]
@@ -1318,8 +1334,8 @@ class Serve(Step):
         return {n: [f.container("ray" if f.executor == "ray" else "vllm")] for n in f.nodes}
 
     def _plan_figures(self) -> dict[str, Any]:
-        need = (self.f.get("need") or {}).get(self.f.head)
-        return {"tp": self.f.get("tp"), "gmu": self.f.get("gmu"), "max_model_len": self.f.get("max_model_len"),
+        need = (self.f.plan.need or {}).get(self.f.head)
+        return {"tp": self.f.plan.tp, "gmu": self.f.plan.gmu, "max_model_len": self.f.plan.max_model_len,
                 "need_gib": need / GIB if need else None}
 
     async def _dead_container(self, rep: Any) -> exits.ContainerDeath | None:
@@ -1350,16 +1366,16 @@ class Serve(Step):
             spec = load_spec(self.f.o.model, offline=True)
         except Exception:
             return
-        opts = PlanOptions(tp=int(self.f.get("tp") or 1), max_model_len=self.f.get("max_model_len"),
-                           gpu_memory_utilization=float(self.f.get("gmu") or 0.85), force=True,
-                           vllm_version=self.f.get("vllm_version"))  # the image's, as the engine step read it
+        opts = PlanOptions(tp=int(self.f.plan.tp or 1), max_model_len=self.f.plan.max_model_len,
+                           gpu_memory_utilization=float(self.f.plan.gmu or 0.85), force=True,
+                           vllm_version=self.f.plan.vllm_version)  # the image's, as the engine step read it
         cal = serve_calibration(spec, "".join(getattr(self, "_seen", [])), opts)
         if cal is None:
             return
         for line in cal.lines:
             self.r.note(f"calibration: {line}")
         if cal.longest_len:
-            self.f.put("calibrated_longest_len", cal.longest_len)
+            self.f.update(calibrated_longest_len=cal.longest_len)
 
     async def _failed(self, rep: Any, death: exits.ContainerDeath | None = None) -> None:
         """A failed start, read from the log (``rep``) or from a dead container (``death``: killed,
@@ -1370,16 +1386,16 @@ class Serve(Step):
         proof = death.what if death is not None else rep.failure_line or ""
         advice = death.advice if death is not None else rep.advice or ""
         options = []
-        layout_fits = bool(self.f.get("plan_fits", True))
+        layout_fits = bool(self.f.plan.plan_fits)
         if death is not None and kind in ("killed", "removed", "exited"):
             options.append(Option("again", "start again", "the engine's containers started afresh ("
                                   + ("the Ray cluster formed again, then vLLM" if self.f.executor == "ray"
                                      else "the same command")
-                                  + ("; the page cache dropped again first" if self.f.get("drop") else "")
+                                  + ("; the page cache dropped again first" if self.f.plan.drop else "")
                                   + "): nothing in the log says the start was wrong"))
         if kind == "oom" and not layout_fits:
             options.append(Option("back-plan", "back to the plan: this layout does not fit",
-                                  f"TP={self.f.get('tp')} was chosen against the plan's verdict; choose again"))
+                                  f"TP={self.f.plan.tp} was chosen against the plan's verdict; choose again"))
         elif kind == "oom":
             options.append(Option("shorter", "a shorter context and less memory", "--max-model-len halved, "
                                   "gmu 0.80: more room for the weights' peak"))
@@ -1389,10 +1405,10 @@ class Serve(Step):
         if back and all(o.value != f"back-{back}" for o in options):
             options.append(Option(f"back-{back}", f"back to the {back} step", advice))
         options.append(Option("stop", "stop here", "read the log and decide by hand"))
-        seen = list(self.f.get("failures") or [])
+        seen = list(self.f.plan.failures or [])
         again = kind in seen  # the same failure twice: going back once more would not help
         rec = "stop" if again else options[0].value
-        self.f.put("failures", [*seen, kind])
+        self.f.update(failures=[*seen, kind])
         measured = (proof[:300], advice) if death is None else (proof[:300], f"the log: {death.during}", advice)
         title = (f"The engine failed to start ({kind})" if death is None or "ready" not in death.during
                  else f"The engine stopped after it was ready ({kind})")
@@ -1405,15 +1421,14 @@ class Serve(Step):
         if answer == "again":
             await self._start_again(kind)
         if answer == "shorter":
-            halved = max(4096, int(self.f.get("max_model_len") or 65536) // 2)
-            measured = self.f.get("calibrated_longest_len")
-            self.f.put("max_model_len_override", int(measured) if measured and measured >= 4096 else halved)
-            self.f.put("gmu_override", 0.80)
+            halved = max(4096, int(self.f.plan.max_model_len or 65536) // 2)
+            measured = self.f.plan.calibrated_longest_len
+            self.f.update(max_model_len_override=int(measured) if measured and measured >= 4096 else halved)
+            self.f.update(gmu_override=0.80)
             raise GoTo("plan", "less context and memory after an out-of-memory start")
         if answer.startswith("back-"):
             target = answer.removeprefix("back-")
-            self.r.forget({"engine": "engine.image", "plan": "plan.layout", "cluster": "cluster.executor",
-                           "network": "network.mtu"}.get(target, ""))
+            self.r.forget(*self.f.step(target).decisions)
             raise GoTo(target, f"{kind} failure")
         raise StepFailed(f"the engine failed ({kind}): {proof[:200]}", advice or "read the log")
 
@@ -1423,7 +1438,7 @@ class Serve(Step):
         again; else the serve step starts its containers again. The page cache is dropped again first
         when the operator had it dropped before launch: the shards the killed start read sit there, and
         vLLM's start-up check counts only free memory (a retry failed it by 0.3-0.9 GiB on the demo)."""
-        if self.f.get("drop"):
+        if self.f.plan.drop:
             await drop_page_cache(self.r, self.f.nodes)
         if self.f.executor == "ray" and self.f.engine == "vllm":
             for s in [s for s in self.r.state.started if s.name == self.f.container("ray")]:
@@ -1434,7 +1449,7 @@ class Serve(Step):
         raise GoTo("serve", f"start again after the engine's container was {kind}")
 
     async def _hung(self, idle: float) -> None:
-        waits = int(self.f.get("hang_waits") or 0)
+        waits = int(self.f.plan.hang_waits or 0)
         rec = "vllm" if self.f.engine == "sglang" else "wait" if waits < 2 else "stop"
         why = ("SGLang's two-node NCCL start on GB10 stalls after 'CustomAllreduce is disabled'; vLLM over Ray "
                "worked in the same setup" if self.f.engine == "sglang" else
@@ -1449,13 +1464,13 @@ class Serve(Step):
         answer = await self.r.decide(d)
         self.r.forget("serve.hang")
         if answer == "wait":
-            self.f.put("hang_waits", waits + 1)
+            self.f.update(hang_waits=waits + 1)
             return await self._follow()
         await self._remove_started()
         if answer == "vllm":
-            self.r.state.answers["engine.image"] = next(k.ref for k in engines.KNOWN_IMAGES if k.engine == "vllm")
-            self.f.put("engine", "vllm")
-            self.f.put("executor", "ray")
+            self.r.preset("engine.image", next(k.ref for k in engines.KNOWN_IMAGES if k.engine == "vllm"))
+            self.f.update(engine="vllm")
+            self.f.update(executor="ray")
             raise GoTo("engine", "the SGLang start hung: back to vLLM")
         raise StepFailed("the engine start hung", "read the engine's log; NCCL needs both ranks")
 
@@ -1506,7 +1521,7 @@ class Verify(Step):
             raise StepFailed(f"the chat completion did not come back: {chat.stdout[:200] or chat.stderr[:200]}",
                              "read the engine's log") from None
         tps = tokens / wall if wall > 0 and tokens else None
-        f.put("tokens_per_s", tps)
+        f.update(tokens_per_s=tps)
         answer = (msg.get("content") or "").strip().replace("\n", " ")
         reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
         self.r.note(f"chat: {answer[:80]!r}; reasoning returned apart ({len(reasoning)} chars); "
@@ -1528,6 +1543,7 @@ class Teardown:
     """Stops only what this deployment started (by name and id), checks they are gone, and offers the
     services it stopped back."""
 
+    decisions: ClassVar[tuple[str, ...]] = ("teardown.restore",)
     flow: Flow
     restored: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)

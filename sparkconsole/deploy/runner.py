@@ -95,6 +95,9 @@ class Runner:
     # While a step's ``send`` runs as a rehearsal (:meth:`rehearse`): the changes it would send, in
     # order; nothing is sent, journaled or saved. ``None``: changes are sent.
     _recorded: list[tuple[str, RemoteCommand]] | None = field(default=None, repr=False)
+    # The decisions each step declares (step id → decision ids), set by the flow: a step asking one
+    # it did not declare is a bug, said at once.
+    declared: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # What the operator confirmed for the step now sending: a change outside it is confirmed on its own.
     _confirmed: set[tuple[str, str]] | None = field(default=None, repr=False)
 
@@ -223,6 +226,8 @@ class Runner:
     # ---- decisions --------------------------------------------------------------------------
     async def decide(self, d: Decision) -> str:
         """The answer to ``d``: kept from an earlier run of this deployment, else asked."""
+        if d.step in self.declared and d.id not in self.declared[d.step]:
+            raise AssertionError(f"step {d.step} asks {d.id}, which it does not declare")
         options = [{"value": o.value, "label": o.label, "why": o.why,
                     **({"experimental": "yes"} if o.experimental else {})} for o in d.options]
         if d.id in self.state.answers and (d.option(self.state.answers[d.id]) or d.free_text):
@@ -235,6 +240,16 @@ class Runner:
             self.save()
         self.emit(DecisionEvent(d.id, d.title, d.recommended, answer, d.why, list(d.measured), options, by))
         return answer
+
+    async def choose(self, d: Decision) -> Any:
+        """The answer to ``d`` as the step uses it: its option's payload (see :meth:`Decision.payload`)."""
+        return d.payload(await self.decide(d))
+
+    def preset(self, decision_id: str, answer: str) -> None:
+        """Answer a decision before it is met again: the flow goes back with the choice already made
+        (SGLang hung → the engine step, answered with the known-good vLLM image)."""
+        self.state.answers[decision_id] = answer
+        self.save()
 
     def forget(self, *decision_ids: str) -> None:
         """Drop answers so the decisions are asked again (the flow went back)."""

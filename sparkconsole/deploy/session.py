@@ -31,7 +31,7 @@ class Outcome:
 
 def _result(flow: Flow, ok: bool, message: str) -> ResultEvent:
     st = flow.r.state
-    tps = flow.get("tokens_per_s")
+    tps = flow.plan.tokens_per_s
     return ResultEvent(ok, st.endpoint if ok else None, message, round(tps, 1) if tps else None)
 
 

@@ -11,6 +11,7 @@ on the way out for good measure.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkconsole.config import state_dir
+from sparkconsole.deploy.deployment_plan import DeploymentPlan
 from sparkconsole.errors import UserError
 from sparkconsole.journal import redact
 
@@ -65,7 +67,8 @@ class DeploymentState:
     options: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     answers: dict[str, str] = field(default_factory=dict)
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)  # what recon read: {"nodes": {name: NodeFacts}}
+    plan: DeploymentPlan = field(default_factory=DeploymentPlan)  # what the steps decided and measured
     steps: dict[str, str] = field(default_factory=dict)
     jobs: dict[str, Job] = field(default_factory=dict)
     started: list[Started] = field(default_factory=list)
@@ -98,10 +101,15 @@ class DeploymentState:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DeploymentState:
         try:
+            facts = dict(data.get("facts") or {})
+            # a state written before the plan was typed kept its fields among the facts
+            fields = {f.name for f in dataclasses.fields(DeploymentPlan)}
+            legacy = {k: facts.pop(k) for k in list(facts) if k in fields}
             st = cls(
                 id=str(data["id"]), model=str(data["model"]), options=dict(data.get("options") or {}),
                 created=str(data.get("created") or ""), answers=dict(data.get("answers") or {}),
-                facts=dict(data.get("facts") or {}), steps=dict(data.get("steps") or {}),
+                facts=facts, plan=DeploymentPlan.from_json({**legacy, **dict(data.get("plan") or {})}),
+                steps=dict(data.get("steps") or {}),
                 jobs={k: Job(**v) for k, v in (data.get("jobs") or {}).items()},
                 started=[Started(**s) for s in data.get("started") or []],
                 stopped=[Stopped(**s) for s in data.get("stopped") or []],
