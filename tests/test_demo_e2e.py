@@ -60,11 +60,11 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _stop(proc: subprocess.Popen, sig: int) -> str:
-    """Stop ``demo --serve`` with ``sig`` (killed if it does not end in 15 s); what it wrote on stderr."""
+    """Stop ``demo --serve`` with ``sig`` (killed if it does not end within the guard); what it wrote on stderr."""
     if proc.poll() is None:
         proc.send_signal(sig)
     try:
-        proc.wait(timeout=15)
+        proc.wait(timeout=GUARD_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
