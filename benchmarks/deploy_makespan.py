@@ -51,12 +51,12 @@ PRELUDE = ("recon", "plan", "engine", "network")
 
 async def one_run(speed: float) -> dict:
     from sparkconsole.deploy.decisions import ScriptedAnswers
-    from sparkconsole.deploy.flow import Flow, Options
-    from sparkconsole.deploy.runner import Runner, Settings
+    from sparkconsole.deploy.flow import Options
+    from sparkconsole.deploy.opening import open_deployment
+    from sparkconsole.deploy.runner import Settings
     from sparkconsole.deploy.session import run_flow
     from sparkconsole.deploy.state import DeploymentState, StateStore
     from sparkconsole.sim import start_demo_cluster
-    from sparkconsole.transport import node_transport
 
     with tempfile.TemporaryDirectory(prefix="makespan-") as tmp:
         async with start_demo_cluster(scenario="story", speed=speed) as demo:
@@ -77,18 +77,12 @@ async def one_run(speed: float) -> dict:
             config = demo.config
             options = Options(model=MODEL)
             state = DeploymentState.new(MODEL, options.to_json(), config.name)
-            transports = {n.name: node_transport(config, n) for n in config.nodes}
-            runner = Runner(config=config, state=state, transports=transports,
-                            answer=ScriptedAnswers({}, auto=True), emit=emit,
-                            store=StateStore(Path(tmp) / "deployments"),
-                            settings=Settings(poll_s=2.0 / speed, speed=speed))
-            wall0 = time.monotonic()
-            t0 = clock.now()
-            try:
-                outcome = await run_flow(Flow(runner, options))
-            finally:
-                for t in transports.values():
-                    await t.close()
+            async with open_deployment(config, options, state, answer=ScriptedAnswers({}, auto=True), emit=emit,
+                                       store=StateStore(Path(tmp) / "deployments"), locks=Path(tmp) / "locks",
+                                       settings=Settings(poll_s=2.0 / speed, speed=speed)) as session:
+                wall0 = time.monotonic()
+                t0 = clock.now()
+                outcome = await run_flow(session.flow)
             wall = time.monotonic() - wall0
             if not outcome.ok:
                 raise SystemExit(f"the deployment did not serve: {outcome.result.message}")

@@ -319,7 +319,7 @@ def _flow(opt_image: str | None = None, engine_out: str = "", **facts):
 
 
 def test_plan_takes_the_vllm_version_of_the_image():
-    from sparkconsole.deploy.flow import Plan
+    from sparkconsole.deploy.steps import Plan
 
     assert Plan.vllm_version(_flow("vllm/vllm-openai:v0.17.0")[0]) == "0.17.0"
     assert Plan.vllm_version(_flow("nvcr.io/nvidia/vllm:26.03-py3")[0]) == "0.17.1"  # a known image
@@ -337,7 +337,7 @@ async def test_engine_step_reads_the_version_and_replans_under_its_rules():
            "arch Qwen3_5MoeForConditionalGeneration yes\n")
     f, r = _flow(None, out, tp=2, pp=1, gmu=0.85, max_model_len=65536, kv_cache_dtype="auto",
                  plan_vllm_version=None, engine="vllm", image="vllm/vllm-openai:v0.17.0")
-    from sparkconsole.deploy.flow import Engine, Plan
+    from sparkconsole.deploy.steps import Engine, Plan
     from sparkconsole.planner.plan import layout_row
 
     await Engine(f).verify()
@@ -354,7 +354,7 @@ async def test_engine_step_reads_the_version_and_replans_under_its_rules():
 def test_serve_calibration_uses_the_images_version():
     """SYNTHETIC log lines (real vLLM wording, made-up figures, no version line): the calibration
     notes name the version the engine step read, not the planner's newest."""
-    from sparkconsole.deploy.flow import Serve
+    from sparkconsole.deploy.steps import Serve
 
     f, r = _flow(None, tp=2, gmu=0.85, max_model_len=65536, vllm_version="0.17.0")
     s = Serve(f)

@@ -141,7 +141,7 @@ async def test_the_session_holds_the_lock_and_closes_everything_on_exit(tmp_path
                                    emit=lambda e: None, locks=tmp_path,
                                    transport_factory=lambda n: FakeTransport(n.name, closed)) as session:
             assert set(session.transports) == {"spark-a", "spark-b"}
-            assert session.runner.transports is session.transports and session.flow.r is session.runner
+            assert session.runner.transports is session.transports and session.flow.runner is session.runner
             assert session.state is state and session.runner.state is state
             with pytest.raises(UserError, match=f"deployment {state.id}"):
                 ClusterLock("demo", "x", directory=tmp_path).acquire()

@@ -222,15 +222,14 @@ class _Progress:
 def _every_parser():
     from sparkconsole.deploy import engines, netenv, recon
     from sparkconsole.deploy import weights as W
-    from sparkconsole.deploy.flow import Weights
+    from sparkconsole.deploy.steps import Weights
     from sparkconsole.logs import follow
     from sparkconsole.logs.vllm import VllmLogTracker, parse_vllm_log
     from sparkconsole.planner.overheads import parse_version
     from sparkconsole.services import parse_systemctl_show
 
-    step = Weights.__new__(Weights)
     runner = _Progress()
-    step.f = type("F", (), {"r": runner})()
+    step = Weights(type("F", (), {"runner": runner})())  # a flow with only the runner's progress
 
     def tracker(text: str) -> None:
         t = VllmLogTracker()

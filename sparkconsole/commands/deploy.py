@@ -30,7 +30,8 @@ DEMO_SPEED = 40.0  # the demo cluster runs its clock this much faster than the w
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
-    from sparkconsole.deploy.flow import DEFAULT_MODEL, STEP_IDS
+    from sparkconsole.deploy.flow import DEFAULT_MODEL
+    from sparkconsole.deploy.steps import STEP_IDS
     from sparkconsole.sim.scenarios import SCENARIOS
 
     p = subs.add_parser(

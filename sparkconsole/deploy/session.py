@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 from sparkconsole.deploy.decisions import DecisionStop
 from sparkconsole.deploy.events import Event, ResultEvent
-from sparkconsole.deploy.flow import STEP_IDS, Flow, Step, Teardown
+from sparkconsole.deploy.flow import Flow
 from sparkconsole.deploy.runner import GoTo, StepFailed
+from sparkconsole.deploy.steps import STEP_IDS, Step
+from sparkconsole.deploy.teardown import Teardown
 from sparkconsole.errors import ReadOnlyError, UserError
 from sparkconsole.remote import RemoteCommand
 
@@ -30,7 +32,7 @@ class Outcome:
 
 
 def _result(flow: Flow, ok: bool, message: str) -> ResultEvent:
-    st = flow.r.state
+    st = flow.runner.state
     tps = flow.plan.tokens_per_s
     return ResultEvent(ok, st.endpoint if ok else None, message, round(tps, 1) if tps else None)
 
@@ -39,7 +41,7 @@ async def run_flow(flow: Flow, *, until: str | None = None,
                    on_plan: Callable[[str, str, list[tuple[str, RemoteCommand]]], None] | None = None) -> Outcome:
     """Walk the steps. ``on_plan(step, title, commands)`` receives each step's planned commands
     (``--plan-only``: only that, nothing applied)."""
-    r = flow.r
+    r = flow.runner
     if until is not None and until not in STEP_IDS:
         raise UserError(f"--until: no step {until!r} (steps: {', '.join(STEP_IDS)})")
     order = [s.id for s in flow.steps]
@@ -97,7 +99,7 @@ async def _run_step(flow: Flow, step: Step, on_plan) -> None:
     """``probe → decide → send → watch → verify``, the same for every step and in every mode. The
     step's ``send`` runs first as a rehearsal: what it would send is what ``--plan-only`` prints and
     what the operator confirms; then (not plan-only) the same ``send`` sends it."""
-    r = flow.r
+    r = flow.runner
     r.set_step(step.id, "running")
     why = await step.probe()
     if why:
@@ -124,7 +126,7 @@ async def _run_step(flow: Flow, step: Step, on_plan) -> None:
 
 
 async def run_teardown(flow: Flow) -> Outcome:
-    r = flow.r
+    r = flow.runner
     td = Teardown(flow)
     try:
         await td.run()

@@ -55,8 +55,9 @@ from sparkconsole.deploy.events import (
     ResultEvent,
     StepEvent,
 )
-from sparkconsole.deploy.flow import STEP_IDS, STEPS, Options
+from sparkconsole.deploy.flow import Options
 from sparkconsole.deploy.state import DeploymentState
+from sparkconsole.deploy.steps import STEP_IDS, STEPS
 from sparkconsole.remote import RemoteCommand
 from sparkconsole.ui.keymap import WIZARD_BINDINGS
 from sparkconsole.ui.messages import DeploymentRequested, OpenLogs

@@ -1,0 +1,37 @@
+"""Recon: read every node once (GPU, memory, disk, Docker and images, links, the Hub, tools) and keep it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sparkconsole.deploy.flow import GIB
+from sparkconsole.deploy.runner import StepFailed
+from sparkconsole.deploy.steps.base import Step
+
+if TYPE_CHECKING:
+    pass
+
+class Recon(Step):
+    """Reads every node; run again on resume (the nodes may have changed while the console was away)."""
+
+    id, title = "recon", "Read every node"
+    rerun_when_done = True
+
+    async def probe(self) -> str | None:
+        got = await self.flow.recon()
+        for f in got.values():
+            if not f.reachable:
+                raise StepFailed(f"{f.node} cannot be reached: {f.reason}",
+                                 "check the node is on and `ssh` to it works; then --resume")
+            gib = (f.mem_available or 0) / GIB
+            links = ", ".join(f"{lk.netdev} {'Up' if lk.up else 'Down'}" for lk in f.links if lk.port == 1) or "?"
+            self.runner.note(f"{f.gpu or 'GPU ?'}, driver {f.driver or '?'}, CUDA {f.cuda or '?'}, "
+                        f"{gib:.1f}/{(f.mem_total or 0) / GIB:.1f} GiB available, disk free "
+                        f"{(f.disk_free or 0) / 1e12:.2f} TB at {f.hf_dir}, docker {f.docker or '?'} "
+                        f"({f.storage_driver or '?'}), {len(f.images)} images, fast link {f.fast_ip() or 'none'} "
+                        f"({links}), Hub {'reachable' if f.hub else 'not reachable'}, "
+                        f"HF token {'present' if f.token else 'absent'}", node=f.node)
+        drivers = {f.driver for f in got.values() if f.driver}
+        if len(drivers) > 1:
+            self.runner.note(f"driver versions differ between nodes: {', '.join(sorted(drivers))}", "warning")
+        return None

@@ -1,0 +1,353 @@
+"""Serve: start the engine, follow its log to ready; a failed or hung start becomes a decision."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from sparkconsole.deploy import engines, exits
+from sparkconsole.deploy.calibrate import from_log as serve_calibration
+from sparkconsole.deploy.decisions import Decision, Option
+from sparkconsole.deploy.flow import GIB
+from sparkconsole.deploy.runner import GoTo, StepFailed
+from sparkconsole.deploy.state import Started
+from sparkconsole.deploy.steps.base import Step
+from sparkconsole.deploy.steps.cluster import DOCKER_OPTS
+from sparkconsole.deploy.steps.memory import drop_page_cache
+from sparkconsole.logs.vllm import VllmLogTracker
+from sparkconsole.planner.plan import PlanOptions
+from sparkconsole.planner.spec import load_spec
+from sparkconsole.remote import (
+    RemoteCommand,
+    command,
+    docker_rm_force,
+    docker_run,
+    docker_state,
+    file_from,
+    mkdir_p,
+    serve_in_container,
+)
+
+if TYPE_CHECKING:
+    pass
+
+class Serve(Step):
+    id, title = "serve", "Start the engine and follow it to ready"
+    decisions = ("serve.failure", "serve.hang")
+    STATE_EVERY_POLLS = 3  # the engine's containers are read at least this often while the log moves
+
+    def _vllm_args(self) -> list[str]:
+        flow = self.flow
+        pp = int(flow.plan.pp or 1)
+        args = [flow.options.model, "--tensor-parallel-size", str(flow.plan.tp or 1),
+                *(["--pipeline-parallel-size", str(pp)] if pp > 1 else []),
+                "--gpu-memory-utilization", str(flow.plan.gmu or 0.85),
+                "--max-model-len", str(flow.plan.max_model_len or 65536),
+                "--served-model-name", self.flow.served_name, "--host", "0.0.0.0", "--port", str(flow.options.port)]
+        if flow.plan.kv_cache_dtype == "fp8":
+            args += ["--kv-cache-dtype", "fp8"]
+        parser = flow.options.reasoning_parser or ("qwen3" if "qwen3" in flow.options.model.lower() else None)
+        if parser:
+            args += ["--reasoning-parser", parser]
+        return args
+
+    def _log(self) -> str:
+        return f"{self.flow.fact(self.flow.head).hf_dir}/sparkconsole/{self.runner.state.short_id}/serve.log"
+
+    def _commands(self) -> list[tuple[str, RemoteCommand]]:
+        flow = self.flow
+        env = [("VLLM_ENGINE_READY_TIMEOUT_S", "3600")]
+        if flow.engine == "sglang":
+            out = []
+            for rank, n in reversed(list(enumerate(flow.nodes))):
+                args = ["-m", "sglang.launch_server", "--model-path", flow.options.model, "--tp", str(flow.plan.tp or 1),
+                        "--nnodes", str(len(flow.nodes)), "--node-rank", str(rank), "--dist-init-addr",
+                        f"{flow.ip(flow.head)}:20000", "--host", "0.0.0.0", "--port", str(flow.options.port),
+                        "--mem-fraction-static", "0.70"]
+                out.append((n, docker_run(flow.container("sglang"), flow.image, options=DOCKER_OPTS, entrypoint="python3",
+                                          args=args, env=[*flow.env(n), ("SGLANG_HOST_IP", flow.ip(n))],
+                                          mounts=[(flow.fact(n).hf_dir, "/root/.cache/huggingface")],
+                                          summary=f"start SGLang rank {rank} on {n}")))
+            return out
+        if flow.executor == "single":
+            return [(flow.head, docker_run(flow.container("vllm"), flow.image, options=DOCKER_OPTS, args=self._vllm_args(),
+                                        env=[*flow.env(flow.head), *env] if len(self.runner.nodes) > 1 else env,
+                                        mounts=[(flow.fact(flow.head).hf_dir, "/root/.cache/huggingface")],
+                                        summary=f"start vLLM (TP=1) on {flow.head}"))]
+        if flow.executor == "native":
+            out = []
+            for rank, n in reversed(list(enumerate(flow.nodes))):
+                args = [*self._vllm_args(), "--distributed-executor-backend", "mp", "--nnodes", str(len(flow.nodes)),
+                        "--node-rank", str(rank), "--master-addr", flow.ip(flow.head), "--master-port", "29501"]
+                if rank:
+                    args.append("--headless")
+                out.append((n, docker_run(flow.container("vllm"), flow.image, options=DOCKER_OPTS, args=args,
+                                          env=[*flow.env(n), *env], mounts=[(flow.fact(n).hf_dir, "/root/.cache/huggingface")],
+                                          summary=f"start vLLM rank {rank} on {n}")))
+            return out
+        args = ["vllm", "serve", *self._vllm_args(), "--distributed-executor-backend", "ray"]
+        return [(flow.head, serve_in_container(flow.container("ray"), args, "/root/.cache/huggingface/sparkconsole/"
+                                            f"{self.runner.state.short_id}/serve.log", env=env))]
+
+    async def probe(self) -> str | None:
+        if await self.flow.serving():
+            return f"already serving {self.flow.served_name} on port {self.flow.options.port}"
+        return None
+
+    async def send(self) -> None:
+        flow = self.flow
+        if flow.executor == "ray" and flow.engine == "vllm":
+            await self.runner.change(flow.head, mkdir_p(f"{flow.fact(flow.head).hf_dir}/sparkconsole/{self.runner.state.short_id}"),
+                                key="mkdir serve log")
+        for n, cmd in self._commands():
+            key = f"serve {n} {self.runner.state.steps.get('serve-attempt', '1')}"
+            res = await self.runner.change(n, cmd, timeout=300, key=key)
+            if not res.ok:
+                raise StepFailed(f"{n}: the engine did not start: {res.stderr.strip()[-300:]}")
+            if cmd.argv[:2] == ("docker", "run") and res.stdout.strip():
+                name = cmd.argv[cmd.argv.index("--name") + 1]
+                if not any(s.node == n and s.name == name for s in self.runner.state.started):
+                    self.runner.state.started.append(Started(n, "container", name, res.stdout.strip()[:64]))
+                    self.runner.save()
+
+    async def watch(self) -> None:
+        await self._follow()
+
+    async def _follow(self) -> None:
+        flow = self.flow
+        tracker = VllmLogTracker()
+        self._seen: list[str] = []
+        offset = 0
+        last_change = time.monotonic()
+        deadline = time.monotonic() + self.runner.settings.serve_timeout_s / self.runner.settings.speed
+        in_container = flow.engine == "sglang" or flow.executor in ("native", "single")
+        polls = quiet = 0
+
+        async def read_log() -> str:
+            nonlocal offset, last_change
+            if in_container:
+                res = await self.runner.read(flow.head, command("docker", "logs", flow.container(
+                    "sglang" if flow.engine == "sglang" else "vllm")), quiet=True)
+                text = (res.stdout + res.stderr)[offset:]
+                offset += len(text)
+            else:
+                res = await self.runner.read(flow.head, file_from(self._log(), offset), quiet=True)
+                text = res.stdout if res.ok else ""
+                offset += len(text.encode())
+            if text:
+                last_change = time.monotonic()
+                self._seen.append(text)
+                for line in text.splitlines():
+                    tracker.feed(line)
+                    if line.strip():
+                        self.runner.emit_output(flow.head, line)
+            return text
+
+        while True:
+            text = await read_log()
+            polls += 1
+            quiet = 0 if text else quiet + 1
+            rep = tracker.report
+            if rep.shards_total:
+                self.runner.progress(flow.head, "weights", rep.shard_fraction,
+                                f"{rep.shards_done}/{rep.shards_total} shards")
+            if rep.state == "ready":
+                self.runner.note(f"ready: weights {rep.model_load_gib} GiB per node, KV cache {rep.kv_cache_gib} GiB "
+                            f"({rep.kv_cache_tokens or '?'} tokens, {rep.max_concurrency or '?'}x concurrency)")
+                self._calibrate()
+                return
+            if rep.state == "failed":
+                self._calibrate()
+                await self._failed(rep)
+                return
+            # the engine's containers: read when the log was quiet for a poll, and every few polls
+            # (a worker's container can die while the head's log still moves)
+            if quiet or polls % self.STATE_EVERY_POLLS == 0:
+                death = await self._dead_container(tracker.report)
+                if death is not None and death.kind not in exits.CONTAINER_KINDS:
+                    await read_log()  # an ordinary exit: its last lines may name the cause
+                    death = exits.classify(death.node, self._states[(death.node, death.container)], tracker.report,
+                                           self._plan_figures())
+                if death is not None:
+                    quiet_s = (time.monotonic() - last_change) * self.runner.settings.speed
+                    self.runner.note(f"{death.what}; the log had been quiet for {quiet_s:.0f} s", "error", death.node)
+                    self._calibrate()
+                    rep = tracker.report
+                    from_log = rep.state == "failed" and death.kind not in exits.CONTAINER_KINDS
+                    await self._failed(rep, None if from_log else death)
+                    return
+            idle = (time.monotonic() - last_change) * self.runner.settings.speed
+            if idle > self.runner.settings.hang_after_s:
+                await self._hung(idle)
+                return
+            if time.monotonic() > deadline:
+                await self._timeout()
+                return
+            await asyncio.sleep(self.runner.settings.poll_s)
+
+    def _engine_containers(self) -> dict[str, list[str]]:
+        """The containers this deployment starts for the engine, by node (their names carry the
+        deployment's id): the Ray head and workers (vLLM runs in the head's), else one vLLM or SGLang
+        container per node of the start (one on the head for a single-node start)."""
+        flow = self.flow
+        if flow.engine == "sglang":
+            return {n: [flow.container("sglang")] for n in flow.nodes}
+        if flow.executor == "single":
+            return {flow.head: [flow.container("vllm")]}
+        return {n: [flow.container("ray" if flow.executor == "ray" else "vllm")] for n in flow.nodes}
+
+    def _plan_figures(self) -> dict[str, Any]:
+        need = (self.flow.plan.need or {}).get(self.flow.head)
+        return {"tp": self.flow.plan.tp, "gmu": self.flow.plan.gmu, "max_model_len": self.flow.plan.max_model_len,
+                "need_gib": need / GIB if need else None}
+
+    async def _dead_container(self, rep: Any) -> exits.ContainerDeath | None:
+        """One ``docker inspect`` per node (at once) of the engine's containers; the first dead one
+        (the head's first), classified with what the log says the engine was doing. A node that does
+        not answer says nothing: unknown is not dead."""
+        names = self._engine_containers()
+
+        async def one(n: str) -> dict[str, exits.ContainerState]:
+            res = await self.runner.read(n, docker_state(*names[n]), timeout=30, quiet=True)
+            if res.exit_status is None:
+                return {}
+            return exits.parse_states(res.stdout, res.stderr, names[n])
+
+        got = await self.runner.on_all(list(names), one)
+        self._states = {(n, name): st for n, states in zip(names, got, strict=True) for name, st in states.items()}
+        for n, states in zip(names, got, strict=True):
+            for name in names[n]:
+                st = states.get(name)
+                death = exits.classify(n, st, rep, self._plan_figures()) if st is not None else None
+                if death is not None:
+                    return death
+        return None
+
+    def _calibrate(self) -> None:
+        """Plan notes from the start's own figures (deploy/calibrate.py); kept for a re-plan."""
+        try:
+            spec = load_spec(self.flow.options.model, offline=True)
+        except Exception:
+            return
+        opts = PlanOptions(tp=int(self.flow.plan.tp or 1), max_model_len=self.flow.plan.max_model_len,
+                           gpu_memory_utilization=float(self.flow.plan.gmu or 0.85), force=True,
+                           vllm_version=self.flow.plan.vllm_version)  # the image's, as the engine step read it
+        cal = serve_calibration(spec, "".join(getattr(self, "_seen", [])), opts)
+        if cal is None:
+            return
+        for line in cal.lines:
+            self.runner.note(f"calibration: {line}")
+        if cal.longest_len:
+            self.flow.update(calibrated_longest_len=cal.longest_len)
+
+    async def _failed(self, rep: Any, death: exits.ContainerDeath | None = None) -> None:
+        """A failed start, read from the log (``rep``) or from a dead container (``death``: killed,
+        OOM-killed, crashed or removed while the log said nothing)."""
+        kind = death.kind if death is not None else (rep.failure_kind or "other")
+        back = {"oom": "plan", "unsupported_architecture": "engine", "nccl": "network", "ray": "cluster",
+                "segfault": "engine"}.get(kind)
+        proof = death.what if death is not None else rep.failure_line or ""
+        advice = death.advice if death is not None else rep.advice or ""
+        options = []
+        layout_fits = bool(self.flow.plan.plan_fits)
+        if death is not None and kind in ("killed", "removed", "exited"):
+            options.append(Option("again", "start again", "the engine's containers started afresh ("
+                                  + ("the Ray cluster formed again, then vLLM" if self.flow.executor == "ray"
+                                     else "the same command")
+                                  + ("; the page cache dropped again first" if self.flow.plan.drop else "")
+                                  + "): nothing in the log says the start was wrong"))
+        if kind == "oom" and not layout_fits:
+            options.append(Option("back-plan", "back to the plan: this layout does not fit",
+                                  f"TP={self.flow.plan.tp} was chosen against the plan's verdict; choose again"))
+        elif kind == "oom":
+            options.append(Option("shorter", "a shorter context and less memory", "--max-model-len halved, "
+                                  "gmu 0.80: more room for the weights' peak"))
+        if kind == "killed":
+            options.append(Option("back-plan", "back to the plan: less memory per node", "if earlyoom or "
+                                  "systemd-oomd killed it, the node was short of memory: choose a layout with room"))
+        if back and all(o.value != f"back-{back}" for o in options):
+            options.append(Option(f"back-{back}", f"back to the {back} step", advice))
+        options.append(Option("stop", "stop here", "read the log and decide by hand"))
+        seen = list(self.flow.plan.failures or [])
+        again = kind in seen  # the same failure twice: going back once more would not help
+        rec = "stop" if again else options[0].value
+        self.flow.update(failures=[*seen, kind])
+        measured = (proof[:300], advice) if death is None else (proof[:300], f"the log: {death.during}", advice)
+        title = (f"The engine failed to start ({kind})" if death is None or "ready" not in death.during
+                 else f"The engine stopped after it was ready ({kind})")
+        d = Decision("serve.failure", self.id, title, measured, tuple(options), rec,
+                     (f"the same {kind} failure again: going back once more would not help" if again
+                      else advice or f"the log shows a {kind} failure"))
+        answer = await self.runner.decide(d)
+        self.runner.forget("serve.failure")
+        await self._remove_started()
+        if answer == "again":
+            await self._start_again(kind)
+        if answer == "shorter":
+            halved = max(4096, int(self.flow.plan.max_model_len or 65536) // 2)
+            measured = self.flow.plan.calibrated_longest_len
+            self.flow.update(max_model_len_override=int(measured) if measured and measured >= 4096 else halved)
+            self.flow.update(gmu_override=0.80)
+            raise GoTo("plan", "less context and memory after an out-of-memory start")
+        if answer.startswith("back-"):
+            target = answer.removeprefix("back-")
+            self.runner.forget(*self.flow.step(target).decisions)
+            raise GoTo(target, f"{kind} failure")
+        raise StepFailed(f"the engine failed ({kind}): {proof[:200]}", advice or "read the log")
+
+    async def _start_again(self, kind: str) -> None:
+        """After a container was killed or removed: over Ray, every Ray container of this deployment
+        goes (a Ray worker whose head died does not rejoin a new one) and the cluster step forms it
+        again; else the serve step starts its containers again. The page cache is dropped again first
+        when the operator had it dropped before launch: the shards the killed start read sit there, and
+        vLLM's start-up check counts only free memory (a retry failed it by 0.3-0.9 GiB on the demo)."""
+        if self.flow.plan.drop:
+            await drop_page_cache(self.runner, self.flow.nodes)
+        if self.flow.executor == "ray" and self.flow.engine == "vllm":
+            for s in [s for s in self.runner.state.started if s.name == self.flow.container("ray")]:
+                await self.runner.change(s.node, docker_rm_force(s.name))
+                self.runner.state.started.remove(s)
+            self.runner.save()
+            raise GoTo("cluster", f"start again after the engine's container was {kind}")
+        raise GoTo("serve", f"start again after the engine's container was {kind}")
+
+    async def _hung(self, idle: float) -> None:
+        waits = int(self.flow.plan.hang_waits or 0)
+        rec = "vllm" if self.flow.engine == "sglang" else "wait" if waits < 2 else "stop"
+        why = ("SGLang's two-node NCCL start on GB10 stalls after 'CustomAllreduce is disabled'; vLLM over Ray "
+               "worked in the same setup" if self.flow.engine == "sglang" else
+               "a cold start compiles kernels and can be quiet for long" if rec == "wait" else
+               f"no progress after waiting {waits} times: read the engine's log")
+        options = [Option("wait", "wait longer", "a cold start can be slow"), Option("stop", "stop here", "")]
+        if self.flow.engine == "sglang":
+            options.insert(0, Option("vllm", "back to vLLM with Ray", "vLLM over Ray worked in the same setup"))
+        d = Decision("serve.hang", self.id, "No progress: the start looks hung",
+                     (f"no new log line for {idle:.0f} s ({self.flow.engine}, {len(self.flow.nodes)} nodes)",),
+                     tuple(options), rec, why)
+        answer = await self.runner.decide(d)
+        self.runner.forget("serve.hang")
+        if answer == "wait":
+            self.flow.update(hang_waits=waits + 1)
+            return await self._follow()
+        await self._remove_started()
+        if answer == "vllm":
+            self.runner.preset("engine.image", next(k.ref for k in engines.KNOWN_IMAGES if k.engine == "vllm"))
+            self.flow.update(engine="vllm")
+            self.flow.update(executor="ray")
+            raise GoTo("engine", "the SGLang start hung: back to vLLM")
+        raise StepFailed("the engine start hung", "read the engine's log; NCCL needs both ranks")
+
+    async def _timeout(self) -> None:
+        raise StepFailed("the engine did not become ready in time",
+                         "a cold start can take long: --resume keeps waiting (VLLM_ENGINE_READY_TIMEOUT_S is 3600)")
+
+    async def _remove_started(self) -> None:
+        """Remove the engine containers this attempt started (the Ray cluster stays) and count the
+        attempt, so the next start is a new command and not one 'done before'."""
+        self.runner.state.steps["serve-attempt"] = str(int(self.runner.state.steps.get("serve-attempt", "1")) + 1)
+        names = [s for s in self.runner.state.started if "-ray-" not in s.name]
+        for s in names:
+            await self.runner.change(s.node, docker_rm_force(s.name))
+            self.runner.state.started.remove(s)
+        self.runner.save()
