@@ -40,9 +40,9 @@ def _cli(*args: str) -> list[str]:
 
 
 @contextmanager
-def demo_cluster(tmp_path: Path, scenario: str = "story") -> Iterator[dict[str, str]]:
+def demo_cluster(tmp_path: Path, scenario: str = "story", speed: str = SPEED) -> Iterator[dict[str, str]]:
     """``demo --serve`` running; yields the inventory path and each node's printed ssh command."""
-    proc = subprocess.Popen(_cli("demo", "--serve", "--scenario", scenario, "--speed", SPEED), cwd=ROOT,
+    proc = subprocess.Popen(_cli("demo", "--serve", "--scenario", scenario, "--speed", speed), cwd=ROOT,
                             env=_env(tmp_path / "demo-state"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

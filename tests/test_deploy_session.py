@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from sparkconsole.deploy.flow import Options
 from sparkconsole.deploy.opening import ClusterLock, find_earlier, lock_name, open_deployment
 from sparkconsole.deploy.state import DeploymentState, StateStore
 from sparkconsole.errors import UserError
-from tests.proc_support import line_reader
+from tests.test_deploy_demo import demo_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOYMENT = "20261201-212233-ab12"
@@ -234,25 +233,9 @@ def _cli(*args: str) -> list[str]:
 
 @contextmanager
 def served_demo(tmp_path: Path) -> Iterator[str]:
-    """``demo --serve`` running; yields the inventory it wrote."""
-    proc = subprocess.Popen(_cli("demo", "--serve", "--speed", DEMO_SPEED), cwd=ROOT, env=_env(tmp_path / "demo"),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        lines = line_reader(proc.stdout)
-        deadline = time.monotonic() + GUARD_S
-        while True:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            assert line is not None, proc.stderr.read() if proc.stderr else "demo --serve ended"
-            m = re.search(r"deploy --config (\S+)", line)
-            if m:
-                yield m.group(1)
-                return
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    """``demo --serve`` running (tests/test_deploy_demo.py's), slow enough to overlap; yields its inventory."""
+    with demo_cluster(tmp_path, speed=DEMO_SPEED) as found:
+        yield found["config"]
 
 
 def _wait(cond, what: str, proc: subprocess.Popen | None = None) -> None:

@@ -229,11 +229,7 @@ def find_earlier(store: StateStore, cluster: str, model: str) -> DeploymentState
     teardown needs it); one of another model is another deployment; a torn-down one is over and is
     never resumed. Unreadable state files are skipped, as the store's own listing does."""
     best: DeploymentState | None = None
-    for path in store.root.glob("*.json"):
-        try:
-            st = DeploymentState.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, UserError):
-            continue
+    for st in store.saved():
         if st.cluster != cluster or st.model != model or st.result == TORN_DOWN:
             continue
         if best is None or st.id > best.id:  # ids start with their UTC time: newest sorts last

@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -155,17 +156,17 @@ class StateStore:
         (self.root / "latest").write_text(st.id + "\n")
         return target
 
-    def latest_for(self, cluster: str) -> DeploymentState | None:
-        """The newest saved deployment on ``cluster`` (by name), or None."""
-        best: DeploymentState | None = None
+    def saved(self) -> Iterator[DeploymentState]:
+        """Every deployment saved here that can be read (an unreadable file is passed over)."""
         for path in self.root.glob("*.json"):
             try:
-                st = DeploymentState.from_json(json.loads(path.read_text()))
+                yield DeploymentState.from_json(json.loads(path.read_text()))
             except (OSError, ValueError, UserError):
                 continue
-            if st.cluster == cluster and (best is None or st.id > best.id):
-                best = st
-        return best
+
+    def latest_for(self, cluster: str) -> DeploymentState | None:
+        """The newest saved deployment on ``cluster`` (by name), or None (ids start with their UTC time)."""
+        return max((st for st in self.saved() if st.cluster == cluster), key=lambda st: st.id, default=None)
 
     def load(self, ident: str | None = None) -> DeploymentState:
         """A saved deployment; ``None``: the latest one."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.runner import StepFailed
@@ -17,9 +16,6 @@ from sparkconsole.remote import (
     docker_rm_force,
     docker_run,
 )
-
-if TYPE_CHECKING:
-    pass
 
 RAY_PORT = 6379
 

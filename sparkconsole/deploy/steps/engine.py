@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sparkconsole.deploy import engines
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.deployment_plan import ImageChoice
@@ -17,8 +15,6 @@ from sparkconsole.remote import (
     python_in_image,
 )
 
-if TYPE_CHECKING:
-    pass
 
 class Engine(Step):
     id, title = "engine", "Engine: does the image know the model?"

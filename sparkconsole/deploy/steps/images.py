@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import TYPE_CHECKING
 
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.state import Job
@@ -15,8 +14,6 @@ from sparkconsole.remote import (
     image_id,
 )
 
-if TYPE_CHECKING:
-    pass
 
 class Images(Step):
     id, title = "images", "The image on every node, with the same ID"

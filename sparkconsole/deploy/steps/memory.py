@@ -3,8 +3,6 @@ launch (vLLM's start-up check counts only free memory)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sparkconsole.deploy import freeing
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.deployment_plan import Stop, parse_stops
@@ -17,8 +15,6 @@ from sparkconsole.remote import (
     drop_caches,
 )
 
-if TYPE_CHECKING:
-    pass
 
 class FreeMemory(Step):
     id, title = "free-memory", "Free the memory the plan needs"

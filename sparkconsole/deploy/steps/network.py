@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from sparkconsole.deploy import netenv
 from sparkconsole.deploy.decisions import Decision, Option
@@ -15,8 +14,6 @@ from sparkconsole.remote import (
     ssh_to,
 )
 
-if TYPE_CHECKING:
-    pass
 
 class Network(Step):
     id, title = "network", "Fast link: port, addresses, MTU, a don't-fragment ping"

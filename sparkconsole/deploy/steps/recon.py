@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sparkconsole.deploy.flow import GIB
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 
-if TYPE_CHECKING:
-    pass
 
 class Recon(Step):
     """Reads every node; run again on resume (the nodes may have changed while the console was away)."""

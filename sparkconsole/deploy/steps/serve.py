@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkconsole.deploy import engines, exits
 from sparkconsole.deploy.calibrate import from_log as serve_calibration
@@ -29,8 +29,6 @@ from sparkconsole.remote import (
     serve_in_container,
 )
 
-if TYPE_CHECKING:
-    pass
 
 class Serve(Step):
     id, title = "serve", "Start the engine and follow it to ready"

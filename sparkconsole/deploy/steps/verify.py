@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
 
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
@@ -12,9 +11,6 @@ from sparkconsole.remote import (
     http_get,
     http_post_json,
 )
-
-if TYPE_CHECKING:
-    pass
 
 CHAT_PROMPT = "What is 12*17? Answer with the number."
 
