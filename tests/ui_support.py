@@ -200,11 +200,20 @@ async def weights_loading(pilot, app) -> None:
     await pilot.pause(0.2)
 
 
+def steady_cursors(app) -> None:
+    """Inputs show their cursor without blinking: a blinking one is drawn or not by the wall clock."""
+    from textual.widgets import Input
+
+    for field in app.screen.query(Input):
+        field.cursor_blink = False
+
+
 async def planner(pilot, app) -> None:
     await started(pilot, app, ticks=2)
     await pilot.press("m")
     await pilot.pause(0.2)
     await app.workers.wait_for_complete()
+    steady_cursors(app)
     await pilot.pause(0.2)
 
 
@@ -238,4 +247,5 @@ async def calibration(pilot, app) -> None:
         await pilot.pause(0.05)
         if app.screen.calibration is not None and app.screen.calibration.replan is not None:
             break
+    steady_cursors(app)
     await pilot.pause(0.2)
