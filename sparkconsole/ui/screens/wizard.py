@@ -98,9 +98,10 @@ class WizardEvent(Message):
 
 
 class WizardPlanned(Message):
-    """A step's planned commands, per node, before they run (the flow's ``on_plan``)."""
+    """A step's changes, per node, before they run (the flow's ``on_plan``: what the step's ``send``
+    does, found by rehearsing it): (node, exact command, mutating, what it does in words)."""
 
-    def __init__(self, step: str, commands: list[tuple[str, str, bool]]) -> None:
+    def __init__(self, step: str, commands: list[tuple[str, str, bool, str]]) -> None:
         super().__init__()
         self.step = step
         self.commands = commands
@@ -133,7 +134,7 @@ class CommandLine:
 class StepView:
     state: str = "pending"
     note: str = ""
-    planned: list[tuple[str, str, bool]] = field(default_factory=list)
+    planned: list[tuple[str, str, bool, str]] = field(default_factory=list)
     commands: deque[CommandLine] = field(default_factory=lambda: deque(maxlen=COMMANDS_KEPT))
     notes: list[NoteEvent] = field(default_factory=list)
     decisions: list[DecisionEvent] = field(default_factory=list)
@@ -246,11 +247,16 @@ def step_body_text(run: WizardRun, step: str) -> Group:
         parts.append(Text(""))
     if v.planned:
         parts.append(Text("Planned", style="bold underline"))
-        for node, cmd, mutating in v.planned:
+        for node, cmd, mutating, summary in v.planned:
             line = _line()
             line.append(f"  {node} ", style="cyan")
+            if summary:  # what it does in words, then the exact command that will be sent
+                line.append(summary, style="bold" if mutating else "dim")
+                parts.append(line)
+                line = _line()
+                line.append("      ")
             line.append("$ " if mutating else "· ", style="bold" if mutating else "dim")
-            line.append(_first_line(cmd, 400), style="" if mutating else "dim")
+            line.append(_first_line(cmd, 400), style="dim" if summary or not mutating else "")
             parts.append(line)
         parts.append(Text(""))
     if v.commands:
@@ -640,7 +646,7 @@ class WizardScreen(LiveScreen):
         self.post_message(WizardEvent(event))
 
     def _on_plan(self, step: str, title: str, commands: list[tuple[str, RemoteCommand]]) -> None:
-        self.post_message(WizardPlanned(step, [(n, c.shell(), c.mutating) for n, c in commands]))
+        self.post_message(WizardPlanned(step, [(n, c.shell(), c.mutating, c.summary) for n, c in commands]))
 
     async def _until_visible(self, what: str) -> None:
         """A question waits for the operator to be on the wizard (not under a help or on the overview)."""
