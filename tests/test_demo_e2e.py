@@ -112,7 +112,7 @@ def test_demo_serve_is_reachable_with_the_printed_openssh_command_and_stops_on_c
             # exactly the printed command, plus the remote command; no controlling terminal, so an
             # unknown or mismatching host key could not be accepted interactively either
             r = subprocess.run([SSH, *argv[1:], "nvidia-smi"], stdin=subprocess.DEVNULL, capture_output=True,
-                               text=True, timeout=30, start_new_session=True)
+                               text=True, timeout=GUARD_S, start_new_session=True)
             assert r.returncode == 0, (node, r.stderr)
             assert "Permanently added" not in r.stderr and "Host key verification failed" not in r.stderr
             out = r.stdout

@@ -126,6 +126,30 @@ async def settle_log(pilot, screen, rounds: int = 40) -> None:
         last = len(screen.buffer)
 
 
+async def screen_is(pilot, app: SparkConsoleApp, name: str, timeout: float = 120.0) -> Screen:
+    """Until the screen on top is the one called ``name`` (a key opened it): a condition, not a
+    pause, so a busy machine draws the same picture as an idle one."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while type(app.screen).__name__ != name:
+        if loop.time() > end:
+            raise TimeoutError(f"{name} did not open; on top: {type(app.screen).__name__}")
+        await pilot.pause(0.02)
+    await pilot.pause()
+    return app.screen
+
+
+async def holds(pilot, cond: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    """Until ``cond()`` holds; ``what`` names it when it never does (a guard, not a pace)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        if loop.time() > end:
+            raise TimeoutError(f"not reached: {what}")
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
 # ---- scenes: the screens the snapshot tests check and scripts/screenshots saves ------------
 
 async def overview(pilot, app) -> None:
@@ -180,7 +204,7 @@ async def confirm_restart(pilot, app) -> None:
         if table.get_row_at(row)[0] == "vllm-glm":
             table.move_cursor(row=row)
     await pilot.press("R")
-    await pilot.pause(0.2)
+    await screen_is(pilot, app, "ConfirmScreen")
 
 
 async def weights_loading(pilot, app) -> None:
@@ -189,8 +213,7 @@ async def weights_loading(pilot, app) -> None:
     await run_actions(pilot, app)
     app.clear_notifications()
     await pilot.press("l")
-    await pilot.pause(0.3)
-    screen = app.screen
+    screen = await screen_is(pilot, app, "LogScreen")
     for _ in range(600):
         r = screen.tracker.report
         if r.shards_total and r.shards_done is not None and r.shards_done / r.shards_total >= 0.4:
@@ -211,7 +234,7 @@ def steady_cursors(app) -> None:
 async def planner(pilot, app) -> None:
     await started(pilot, app, ticks=2)
     await pilot.press("m")
-    await pilot.pause(0.2)
+    await screen_is(pilot, app, "PlannerScreen")
     await app.workers.wait_for_complete()
     steady_cursors(app)
     await pilot.pause(0.2)
@@ -235,17 +258,14 @@ async def calibration(pilot, app) -> None:
         return log
 
     app.push_screen(LogScreen(app.config.nodes[0].name, "vllm-qwen3.5-122b", tail, start_reader=start))
-    await pilot.pause(0.3)
+    screen = await screen_is(pilot, app, "LogScreen")
+    await holds(pilot, lambda: len(screen.buffer) >= 12 and screen.tracker.report.vllm_version is not None,
+                "the tail and the start of the log read")
     await pilot.press("c")
-    for _ in range(100):
-        await pilot.pause(0.05)
-        if app.screen.__class__.__name__ == "CalibrationScreen" and app.screen.calibration is not None:
-            break
-    app.screen.query_one("#cal-mml").value = "262144"
+    cal = await screen_is(pilot, app, "CalibrationScreen")
+    await holds(pilot, lambda: cal.calibration is not None, "the calibration computed")
+    cal.query_one("#cal-mml").value = "262144"
     await pilot.press("enter")
-    for _ in range(100):
-        await pilot.pause(0.05)
-        if app.screen.calibration is not None and app.screen.calibration.replan is not None:
-            break
+    await holds(pilot, lambda: cal.calibration is not None and cal.calibration.replan is not None, "the re-plan")
     steady_cursors(app)
     await pilot.pause(0.2)
