@@ -75,6 +75,28 @@ def parse_engine_output(image: str, text: str, rc: int | None) -> EngineFacts:
     return f
 
 
+# NGC's vLLM containers (nvcr.io/nvidia/vllm:YY.MM-py3) and the vLLM each release ships, from NVIDIA's
+# release notes: the tag is the container's release, not vLLM's version (26.03 is vLLM 0.17.1).
+NGC_VLLM_RELEASES = {"25.10": "0.10.2", "26.01": "0.11.1", "26.03": "0.17.1", "26.05": "0.20.1"}
+
+
+def version_from_ref(ref: str) -> str | None:
+    """The vLLM version an image's name says without starting it, or None when it says none.
+
+    An NGC vLLM tag is a release (``26.05-py3`` → 0.20.1, by :data:`NGC_VLLM_RELEASES`); another
+    image's tag counts only when the repository is a vLLM one and the tag looks like a vLLM version
+    (``v0.19.1-cu130``): ``sparkconsole-lab/ray:2.60.0`` is Ray's version, not vLLM 2.60."""
+    repo, _, tag = ref.rpartition(":")
+    if not repo or "/" in tag:
+        return None
+    if repo.endswith("nvcr.io/nvidia/vllm"):
+        return NGC_VLLM_RELEASES.get(re.sub(r"-py3$", "", tag))
+    if "vllm" not in repo.rsplit("/", 1)[-1]:
+        return None
+    m = re.match(r"v?(0\.\d+(?:\.\d+)?)(?:$|[-+.])", tag)
+    return m.group(1) if m else None
+
+
 @dataclass(frozen=True)
 class KnownImage:
     ref: str

@@ -122,7 +122,12 @@ class Flow:
         return ip
 
     def user_at(self, node: str) -> str:
-        user = self.runner.config.node(node).user or "root"
+        """``user@fast-ip`` of ``node`` for node-to-node ssh, rsync and ``docker load``: the login
+        user recon read there (``id -un``), else the inventory's; never an assumed ``root`` (DGX OS
+        logs in as the user made at first boot, and NVIDIA's playbooks set keys up for it)."""
+        user = self.fact(node).user or self.runner.config.node(node).user
+        if not user:
+            raise StepFailed(f"{node}: its login user is not known", "recon reads it with `id -un`: --resume")
         return f"{user}@{self.ip(node)}"
 
     def job_dir(self, node: str) -> str:

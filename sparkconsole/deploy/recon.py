@@ -30,6 +30,9 @@ PROBE_SECTIONS = ("hostname", "uname", "meminfo", "gpu", "gpu-apps", "nvidia-smi
 # Constant shell text (nothing interpolated): where the weights go, and what is there.
 _HF_DIR = '"${HF_HOME:-$HOME/.cache/huggingface}"'
 HOME_TEXT = 'echo "$HOME"; echo "${HF_HOME:-}"'
+# The login user: DGX OS makes it at first boot (no fixed name, never root), and node-to-node ssh,
+# rsync and docker load go to that user on the peer, as NVIDIA's playbooks set the keys up.
+USER_TEXT = "id -un"
 DISK_TEXT = f"mkdir -p {_HF_DIR}/hub && df -B1 -P {_HF_DIR}"
 TOKEN_TEXT = (f'if [ -n "${{HF_TOKEN:-}}" ] || [ -s {_HF_DIR}/token ]; then echo yes; else echo no; fi')
 GIDS_TEXT = ("grep -H . /sys/class/infiniband/*/ports/1/gids/* /sys/class/infiniband/*/ports/1/gid_attrs/types/* "
@@ -44,7 +47,7 @@ CGROUP_TEXT = ("for p in $(nvidia-smi --query-compute-apps=pid --format=csv,nohe
 
 def recon_command(model: str) -> RemoteScript:
     sections: list[tuple[str, Any]] = [(n, SECTION_BY_NAME[n].shell()) for n in PROBE_SECTIONS]
-    sections += [("home", HOME_TEXT), ("disk", DISK_TEXT), ("token", TOKEN_TEXT), ("gids", GIDS_TEXT),
+    sections += [("user", USER_TEXT), ("home", HOME_TEXT), ("disk", DISK_TEXT), ("token", TOKEN_TEXT), ("gids", GIDS_TEXT),
                  ("images", IMAGES_TEXT), ("storage", DRIVER_TEXT), ("ports", PORTS_TEXT),
                  ("cgroups", CGROUP_TEXT), ("hub", hub_reachable(model))]
     return sectioned(sections, summary="read the node (recon)")
@@ -100,6 +103,7 @@ class NodeFacts:
     mem_total: int | None = None
     mem_available: int | None = None
     page_cache: int | None = None
+    user: str | None = None  # the login user (``id -un``)
     home: str | None = None
     hf_home: str | None = None
     disk_free: int | None = None
@@ -159,6 +163,19 @@ class NodeFacts:
         d["links"] = [LinkFacts(**x) for x in d.get("links") or []]
         d["listeners"] = [Listener(**x) for x in d.get("listeners") or []]
         return cls(**d)
+
+
+def parse_login_user(text: str) -> str | None:
+    """The login user from ``id -un`` (a name alone), or from plain ``id`` (``uid=1000(jhunt) …``,
+    as a real Spark prints it); None when neither is there."""
+    for line in text.splitlines():
+        line = line.strip()
+        m = re.match(r"uid=\d+\(([^)\s]+)\)", line)
+        if m:
+            return m.group(1)
+        if re.fullmatch(r"[a-z_][a-z0-9_.-]*\$?", line, re.I):
+            return line
+    return None
 
 
 def normalize_image(ref: str) -> str:
@@ -283,6 +300,7 @@ def facts_from_output(node: str, stdout: str, now: float | None = None) -> NodeF
     f.containers = [{"name": c.name, "image": c.image, "state": c.state, "status": c.status,
                      "mem": c.mem_used_bytes, "cpu": c.cpu_pct} for c in sample.containers]
     f.holders = _holders(sample, parse_cgroups(secs["cgroups"].text) if "cgroups" in secs else {})
+    f.user = parse_login_user(secs["user"].text) if "user" in secs else None
     home = (secs["home"].text.splitlines() if "home" in secs else []) + ["", ""]
     f.home, f.hf_home = home[0].strip() or None, home[1].strip() or None
     if "disk" in secs:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import TYPE_CHECKING
 
 from sparkconsole.deploy import engines, freeing
@@ -38,7 +37,8 @@ class Plan(Step):
     def vllm_version(flow: Flow) -> str | None:
         """The vLLM whose rules the plan uses: the image's, once the engine step has read it (a
         re-plan after a failed start), else the version of the image asked for (--image, by its tag
-        or the known images), else None: the planner assumes the newest it knows, and says so."""
+        or the known images, :func:`engines.version_from_ref`), else None: the planner assumes the
+        newest it knows and says the image's own is unknown until the engine step reads it."""
         if flow.plan.vllm_version:
             return str(flow.plan.vllm_version)
         img = flow.options.image
@@ -46,10 +46,7 @@ class Plan(Step):
             return None
         known = next((k.version for k in engines.KNOWN_IMAGES
                       if k.engine == "vllm" and normalize_image(k.ref) == normalize_image(img)), None)
-        if known:
-            return known
-        m = re.search(r":v?(\d+\.\d+(?:\.\d+)?)", img)
-        return m.group(1) if m else None
+        return known or engines.version_from_ref(img)
 
     @staticmethod
     def options(flow: Flow, vllm_version: str | None) -> PlanOptions:
@@ -79,7 +76,8 @@ class Plan(Step):
         base = PlanOptions(node_memory_gib=node_gib, max_model_len=mml_ask, gpu_memory_utilization=gmu,
                            vllm_version=version)
         self.runner.note(f"plan: {rules_for(version).note}"
-                    + ("" if version else "; the engine step reads the image's version and re-plans"))
+                    + ("" if version else "; the image's own vLLM is unknown until the engine step reads it "
+                                          "and re-plans"))
         tps = (1, flow.options.tp) if flow.options.tp and flow.options.tp > 1 else (1, *[t for t in (2, 4, 8, 16, 32) if t <= n_nodes])
         layouts = [(t, 1) for t in dict.fromkeys(tps)]
         if n_nodes > 2 and layout_row(flow.spec, base, n_nodes).get("error"):

@@ -209,7 +209,14 @@ class SysTools:
         return 0
 
     async def c_id(self, argv: list[str], io: IO) -> int:
-        io.out("0\n" if "-u" in argv else "uid=0(root) gid=0(root) groups=0(root)\n")
+        """coreutils ``id`` for the login user: ``-u``/``-g``/``-G`` (ids), with ``-n`` their names
+        (``id -un`` is how recon reads the login user); flags may be joined (``-un``)."""
+        flags = "".join(a[1:] for a in argv[1:] if a.startswith("-"))
+        which = next((f for f in "ugG" if f in flags), None)
+        if which is None:
+            io.out("uid=0(root) gid=0(root) groups=0(root)\n")
+        else:
+            io.out(("root" if "n" in flags else "0") + "\n")
         return 0
 
     async def c_whoami(self, argv: list[str], io: IO) -> int:
