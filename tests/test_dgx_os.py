@@ -67,3 +67,65 @@ def test_node_to_node_commands_go_to_the_login_user_read_on_the_peer_never_an_as
 ])
 def test_the_plans_vllm_version_comes_only_from_what_an_images_name_can_say(ref, version):
     assert version_from_ref(ref) == version
+
+
+# ---- item 11: a missing tool is said as missing, with its install command ----------------------
+
+def test_recon_reads_which_tools_the_flow_will_run():
+    from sparkconsole.deploy.recon import parse_tools
+    from sparkconsole.deploy.steps.recon import missing_tools
+
+    tools = parse_tools("hf no\nuvx no\nrsync yes\nping no\ncurl yes\nss yes\nsh: 1: noise\n")
+    assert tools == {"hf": False, "uvx": False, "rsync": True, "ping": False, "curl": True, "ss": True}
+    assert missing_tools(NodeFacts("n", tools=tools)) == ["hf", "ping"]
+    assert missing_tools(NodeFacts("n", tools={**tools, "uvx": True})) == ["ping"]  # uvx hf downloads too
+    assert missing_tools(NodeFacts("n")) == []  # not read is not missing
+
+
+class _Reads:
+    """A runner's reads, counted; nothing answers (a test that gets here has failed already)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def read(self, node, cmd, timeout=None, quiet=False):
+        self.sent.append(f"{node}: {cmd.shell()}")
+        return SimpleNamespace(ok=False, stdout="", stderr="", exit_status=1)
+
+
+def _with_tools(flow: Flow, node: str, **tools: bool) -> Flow:
+    facts = dict(flow.runner.state.facts["nodes"])
+    facts[node] = {**facts[node], "tools": tools}
+    flow.runner.state.facts["nodes"] = facts
+    return flow
+
+
+async def test_a_node_without_ping_is_told_to_install_it_not_to_check_the_cable():
+    """Before: "a 9000-byte don't-fragment ping failed … check the cable" on a host without ping."""
+    from sparkconsole.deploy.steps import Network
+
+    flow = _with_tools(_flow({"spark-a": "jhunt", "spark-b": "jhunt"}), "spark-a", ping=False)
+    reads = _Reads()
+    flow.runner.read = reads.read
+    with pytest.raises(StepFailed) as failed:
+        await Network(flow).verify()
+    assert "spark-a: ping is not installed" in failed.value.message
+    assert failed.value.fix == "sudo apt-get install -y iputils-ping" and "cable" not in failed.value.fix
+    assert not [s for s in reads.sent if s.startswith("spark-a: ping")]
+
+
+async def test_a_copy_without_rsync_at_either_end_stops_before_anything_starts():
+    """Before: the copy job started and "ended with exit 127 — fix: --resume continues it"."""
+    from sparkconsole.deploy import weights as weight_files
+    from sparkconsole.deploy.steps import Weights
+
+    flow = _with_tools(_flow({"spark-a": "jhunt", "spark-b": "jhunt"}), "spark-b", rsync=False)
+    flow.plan.hub_files = [weight_files.HubFile("model-00001-of-00001.safetensors", 10, None)]
+    flow.plan.weights_ok = {"spark-a": True}
+    reads = _Reads()
+    flow.runner.read = reads.read
+    with pytest.raises(StepFailed) as failed:
+        await Weights(flow).send()
+    assert failed.value.message.startswith("spark-b: rsync is not installed")
+    assert failed.value.fix.startswith("on spark-b: sudo apt-get install -y rsync")
+    assert reads.sent == []  # said before a node was asked anything

@@ -33,6 +33,18 @@ HOME_TEXT = 'echo "$HOME"; echo "${HF_HOME:-}"'
 # The login user: DGX OS makes it at first boot (no fixed name, never root), and node-to-node ssh,
 # rsync and docker load go to that user on the peer, as NVIDIA's playbooks set the keys up.
 USER_TEXT = "id -un"
+# The tools the flow runs on a node. A missing one must be said as missing, with its install command,
+# not met later as a network fault ("ping failed: check the cable", "rsync ended with exit 127").
+FLOW_TOOLS = ("hf", "uvx", "rsync", "ping", "curl", "ss")
+TOOLS_TEXT = ("for t in " + " ".join(FLOW_TOOLS) + '; do if command -v "$t" >/dev/null 2>&1; '
+              'then echo "$t yes"; else echo "$t no"; fi; done')
+INSTALL = {  # how to add each on DGX OS (Ubuntu); hf is not on DGX OS and system pip refuses it (PEP 668)
+    "rsync": "sudo apt-get install -y rsync",
+    "ping": "sudo apt-get install -y iputils-ping",
+    "curl": "sudo apt-get install -y curl",
+    "ss": "sudo apt-get install -y iproute2",
+    "hf": "curl -LsSf https://astral.sh/uv/install.sh | sh, then `uvx hf` (or `uv tool install huggingface_hub`)",
+}
 DISK_TEXT = f"mkdir -p {_HF_DIR}/hub && df -B1 -P {_HF_DIR}"
 TOKEN_TEXT = (f'if [ -n "${{HF_TOKEN:-}}" ] || [ -s {_HF_DIR}/token ]; then echo yes; else echo no; fi')
 GIDS_TEXT = ("grep -H . /sys/class/infiniband/*/ports/1/gids/* /sys/class/infiniband/*/ports/1/gid_attrs/types/* "
@@ -47,7 +59,7 @@ CGROUP_TEXT = ("for p in $(nvidia-smi --query-compute-apps=pid --format=csv,nohe
 
 def recon_command(model: str) -> RemoteScript:
     sections: list[tuple[str, Any]] = [(n, SECTION_BY_NAME[n].shell()) for n in PROBE_SECTIONS]
-    sections += [("user", USER_TEXT), ("home", HOME_TEXT), ("disk", DISK_TEXT), ("token", TOKEN_TEXT), ("gids", GIDS_TEXT),
+    sections += [("user", USER_TEXT), ("tools", TOOLS_TEXT), ("home", HOME_TEXT), ("disk", DISK_TEXT), ("token", TOKEN_TEXT), ("gids", GIDS_TEXT),
                  ("images", IMAGES_TEXT), ("storage", DRIVER_TEXT), ("ports", PORTS_TEXT),
                  ("cgroups", CGROUP_TEXT), ("hub", hub_reachable(model))]
     return sectioned(sections, summary="read the node (recon)")
@@ -104,6 +116,7 @@ class NodeFacts:
     mem_available: int | None = None
     page_cache: int | None = None
     user: str | None = None  # the login user (``id -un``)
+    tools: dict[str, bool] = field(default_factory=dict)  # FLOW_TOOLS found on PATH (absent: not read)
     home: str | None = None
     hf_home: str | None = None
     disk_free: int | None = None
@@ -176,6 +189,21 @@ def parse_login_user(text: str) -> str | None:
         if re.fullmatch(r"[a-z_][a-z0-9_.-]*\$?", line, re.I):
             return line
     return None
+
+
+def parse_tools(text: str) -> dict[str, bool]:
+    """``TOOLS_TEXT``'s lines (``rsync yes``, ``ping no``) → {tool: found}; other lines ignored."""
+    out: dict[str, bool] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] in FLOW_TOOLS and words[1] in ("yes", "no"):
+            out[words[0]] = words[1] == "yes"
+    return out
+
+
+def missing_tool(facts: NodeFacts, *tools: str) -> str | None:
+    """The first of ``tools`` recon read as missing on the node (one not read is not missing)."""
+    return next((t for t in tools if facts.tools.get(t) is False), None)
 
 
 def normalize_image(ref: str) -> str:
@@ -301,6 +329,7 @@ def facts_from_output(node: str, stdout: str, now: float | None = None) -> NodeF
                      "mem": c.mem_used_bytes, "cpu": c.cpu_pct} for c in sample.containers]
     f.holders = _holders(sample, parse_cgroups(secs["cgroups"].text) if "cgroups" in secs else {})
     f.user = parse_login_user(secs["user"].text) if "user" in secs else None
+    f.tools = parse_tools(secs["tools"].text) if "tools" in secs else {}
     home = (secs["home"].text.splitlines() if "home" in secs else []) + ["", ""]
     f.home, f.hf_home = home[0].strip() or None, home[1].strip() or None
     if "disk" in secs:

@@ -6,6 +6,7 @@ import asyncio
 
 from sparkconsole.deploy import netenv
 from sparkconsole.deploy.decisions import Decision, Option
+from sparkconsole.deploy.recon import INSTALL, missing_tool
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.remote import (
@@ -60,22 +61,27 @@ class Network(Step):
             return
         mtu = min((flow.fact(n).fast_link().mtu or 1500) for n in nodes)  # type: ignore[union-attr]
 
-        async def check(i: int) -> str | None:
+        cable = f"check the cable and `ip addr` on both ends; ping with `ping -M do -s {mtu - 28} IP` until it answers"
+
+        async def check(i: int) -> tuple[str, str] | None:
             src, dst = nodes[i], nodes[(i + 1) % len(nodes)]
+            if missing_tool(flow.fact(src), "ping"):  # a missing tool is not a link fault
+                return f"{src}: ping is not installed, so the fast link cannot be checked", INSTALL["ping"]
             res = await self.runner.read(src, ping_df(flow.ip(dst), mtu - 28), timeout=30)
             if not res.ok:
                 return (f"{src} → {dst} ({flow.ip(dst)}): a {mtu}-byte don't-fragment ping failed: "
-                        f"{(res.stdout + res.stderr).strip().splitlines()[-1:] or ['no reply']}")
+                        f"{(res.stdout + res.stderr).strip().splitlines()[-1:] or ['no reply']}", cable)
             res = await self.runner.read(src, ssh_to(flow.user_at(dst), "true"), timeout=30)
             if not res.ok:
                 return (f"{src} cannot ssh to {dst} over the fast link ({res.stderr.strip()[-200:]}); the copy "
-                        f"needs it: add {src}'s public key to {dst}'s authorized_keys")
+                        "needs it",
+                        f"on {src}: `ssh-copy-id {flow.user_at(dst)}` (NVIDIA's playbook sets keys up the same way "
+                        "for $USER@peer), then --resume")
             return None
 
         errors = [e for e in await asyncio.gather(*(check(i) for i in range(len(nodes)))) if e]
         if errors:
-            raise StepFailed(errors[0], "check the cable and `ip addr` on both ends; ping with "
-                                        f"`ping -M do -s {mtu - 28} IP` until it answers")
+            raise StepFailed(*errors[0])
         for n in nodes:
             env = " ".join(f"{k}={v}" for k, v in flow.env(n))
             self.runner.note(f"environment: {env}", node=n)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sparkconsole.deploy.flow import GIB
+from sparkconsole.deploy.recon import INSTALL, NodeFacts
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 
@@ -27,7 +28,18 @@ class Recon(Step):
                         f"({f.storage_driver or '?'}), {len(f.images)} images, fast link {f.fast_ip() or 'none'} "
                         f"({links}), Hub {'reachable' if f.hub else 'not reachable'}, "
                         f"HF token {'present' if f.token else 'absent'}", node=f.node)
+            for tool in missing_tools(f):
+                self.runner.note(f"{tool} is not installed: {INSTALL[tool]}", "warning", node=f.node)
         drivers = {f.driver for f in got.values() if f.driver}
         if len(drivers) > 1:
             self.runner.note(f"driver versions differ between nodes: {', '.join(sorted(drivers))}", "warning")
         return None
+
+
+def missing_tools(facts: NodeFacts) -> list[str]:
+    """The tools the flow will run that recon read as missing; ``hf`` only when ``uvx`` is missing
+    too (either downloads the weights)."""
+    out = [t for t in ("rsync", "ping", "curl", "ss") if facts.tools.get(t) is False]
+    if facts.tools.get("hf") is False and facts.tools.get("uvx") is not True:
+        out.insert(0, "hf")
+    return out

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from sparkconsole.deploy import netenv
 from sparkconsole.deploy import weights as weight_files
 from sparkconsole.deploy.decisions import Decision, Option
+from sparkconsole.deploy.recon import INSTALL, missing_tool
 from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.deploy.state import Job
 from sparkconsole.deploy.steps.base import Step
@@ -119,12 +120,19 @@ class Weights(Step):
         if src is None:
             raise StepFailed("no node holds the weights and none reaches the Hub",
                              "copy the model to one node's HF cache, then --resume")
+        # rsync runs on both ends of each copy: a missing one is said before anything starts, not met as "exit 127"
+        for n in flow.nodes:
+            for end in ((src, n) if n != src else ()):
+                if missing_tool(flow.fact(end), "rsync"):
+                    raise StepFailed(f"{end}: rsync is not installed (the copy to {n} runs it on both ends)",
+                                     f"on {end}: {INSTALL['rsync']}; then --resume")
         v = await self._verify_node(src, hub)
         self._download: Job | None = None
         self._downloaded = 1.0
         if not v.complete:
             self._downloaded = 0.0
-            self._download = await self.runner.start_job(src, "weights-download", hf_download(flow.options.model), flow.job_dir(src))
+            self._download = await self.runner.start_job(src, "weights-download", hf_download(flow.options.model),
+                                                         flow.job_dir(src))
         # the copies start now, beside the download: each file goes to the workers as soon as it is
         # whole, so the copy ends a pass after the download instead of a whole copy after it
         self._copies: dict[str, Job] = {}
