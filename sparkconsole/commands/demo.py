@@ -78,11 +78,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _stop_on_signals() -> asyncio.Event:
-    """An event set by SIGTERM or SIGHUP, so the cluster is torn down (its folder, client key
-    included, removed) as after Ctrl-C."""
+    """An event set by Ctrl-C (SIGINT), SIGTERM or SIGHUP, so the cluster is torn down in order (its
+    folder, client key included, removed). Ctrl-C sets it too rather than raising KeyboardInterrupt
+    wherever the loop happens to be: on a busy machine that landed mid-way through an SSH session's
+    teardown and ended the demo with a traceback and exit 1."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in STOP_SIGNALS:
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
         loop.add_signal_handler(sig, stop.set)
     return stop
 
