@@ -362,17 +362,24 @@ async def test_image_copy_engine_check_ray_and_tp2_serve_with_a_progressive_log(
         r = await ssh(demo, HEAD, f"docker run -d --name sparkconsole-ray-{rid} -e VLLM_HOST_IP={HEAD_IP} {common} "
                                   f"--head --node-ip-address={HEAD_IP} --port=6379")
         assert r.exit_status == 0, r.stderr
-        r = await ssh(demo, WORKER, f"docker run -d --name sparkconsole-ray-{rid} -e VLLM_HOST_IP={WORKER_IP} "
-                                    f"{common} --address={HEAD_IP}:6379 --node-ip-address={WORKER_IP}", step=0.1)
-        assert r.exit_status == 0, r.stderr
-        seen = []
-        for _ in range(20):
-            r = await ssh(demo, HEAD, f"docker exec sparkconsole-ray-{rid} ray status", step=0.1)
-            seen.append(P.parse_ray_status(r.stdout).active_nodes if r.exit_status == 0 else None)
-            if seen[-1] == 2:
-                break
-            demo.clock.advance(0.5)
-        assert 1 in seen and seen[-1] == 2  # the worker joins a few seconds after its start
+        # sim time moves while a command runs (``step`` per 2 ms of wall time): in fine steps here, and
+        # over one kept connection, so how busy the machine is cannot skip the moment before the join
+        async with _connect(demo.config.node(HEAD)) as head:
+            r = await ssh(demo, WORKER, f"docker run -d --name sparkconsole-ray-{rid} -e VLLM_HOST_IP={WORKER_IP} "
+                                        f"{common} --address={HEAD_IP}:6379 --node-ip-address={WORKER_IP}",
+                          step=0.002)
+            assert r.exit_status == 0, r.stderr
+            started_at = demo.clock.now()
+            seen = []
+            for _ in range(40):
+                r = await ssh(demo, HEAD, f"docker exec sparkconsole-ray-{rid} ray status", step=0.002, conn=head)
+                seen.append((demo.clock.now() - started_at,
+                             P.parse_ray_status(r.stdout).active_nodes if r.exit_status == 0 else None))
+                if seen[-1][1] == 2:
+                    break
+                demo.clock.advance(0.5)
+        nodes = [n for _t, n in seen]
+        assert 1 in nodes and nodes[-1] == 2, seen  # the worker joins a few seconds after its start
         assert P.parse_ray_status(r.stdout).gpus_total == 2
         assert (await ssh(demo, HEAD, f"docker inspect -f '{{{{.State.Status}}}}' sparkconsole-ray-{rid}")).stdout == \
             "running\n"
