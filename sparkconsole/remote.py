@@ -213,11 +213,34 @@ def journalctl_follow(unit: str, lines: int = 200) -> RemoteCommand:
     return command("journalctl", "-f", "-n", str(int(lines)), "-u", validate_unit(unit), "--no-pager")
 
 
-def drop_caches() -> RemoteCommand:
-    return command(
-        "sudo", "-n", "sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches",
-        mutating=True, summary="drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches)",
-    )
+# sparkrun's narrow sudoers rule allows exactly this command (never `sh -c`, which a rule cannot narrow):
+# /etc/sudoers.d/sparkrun-dropcaches-USER = `USER ALL=(root) NOPASSWD: /usr/bin/tee /proc/sys/vm/drop_caches`
+DROP_CACHES_TEE = ("/usr/bin/tee", "/proc/sys/vm/drop_caches")
+
+
+def drop_caches_rule(user: str) -> str:
+    """The sudoers line that lets ``user`` drop the page cache and nothing else (sparkrun's), with
+    how to install it safely (``visudo -cf`` checks it before it can lock sudo out)."""
+    name = validate_container(user)
+    return (f"echo '{name} ALL=(root) NOPASSWD: {' '.join(DROP_CACHES_TEE)}' | sudo tee "
+            f"/etc/sudoers.d/sparkconsole-dropcaches-{name} && sudo chmod 0440 "
+            f"/etc/sudoers.d/sparkconsole-dropcaches-{name} && sudo visudo -cf "
+            f"/etc/sudoers.d/sparkconsole-dropcaches-{name}")
+
+
+def drop_caches() -> RemoteScript:
+    """``sync; echo 3 | sudo -n /usr/bin/tee /proc/sys/vm/drop_caches``: the form a narrow sudoers
+    rule (``DROP_CACHES_TEE``) allows as well as a full one; ``sudo -n`` fails at once (exit 1, "a
+    password is required") instead of waiting for a password nobody types."""
+    tee = command("sudo", "-n", *DROP_CACHES_TEE)
+    return RemoteScript((), mutating=True, text=f"sync && echo 3 | {tee.shell()} > /dev/null",
+                        summary="drop the page cache (sync; echo 3 | sudo tee /proc/sys/vm/drop_caches)")
+
+
+def kill_process(pid: int, name: str = "") -> RemoteCommand:
+    """``kill -TERM PID``: a host process holding GPU memory (one the login user may signal)."""
+    return command("kill", "-TERM", str(int(pid)), mutating=True,
+                   summary=f"stop process {int(pid)}{f' ({name})' if name else ''}")
 
 
 # ---- scripts: several quoted commands joined by fixed operators -------------------------------
@@ -334,10 +357,19 @@ HF_HUB_URL = "https://huggingface.co"
 HF_HUB_ON_NODE = f'"${{HF_ENDPOINT:-{HF_HUB_URL}}}"'
 
 
-def _hub_curl(head: RemoteCommand, path: str, summary: str = "") -> RemoteScript:
+# The node's own Hub token as a header on curl's stdin (``-H @-``): gated repos answer 401 without it,
+# and a header read from stdin never shows in the node's process list nor in what the console prints
+# (this text is constant: the token is read by the node's shell). ``$HF_TOKEN`` first, as hf does.
+HUB_AUTH_ON_NODE = ('{ t="${HF_TOKEN:-$(cat "${HF_HOME:-$HOME/.cache/huggingface}/token" 2>/dev/null)}"; '
+                    'if [ -n "$t" ]; then printf \'Authorization: Bearer %s\\n\' "$t"; fi; } | ')
+
+
+def _hub_curl(head: RemoteCommand, path: str, summary: str = "", auth: bool = False) -> RemoteScript:
     """``curl … "${HF_ENDPOINT:-https://huggingface.co}"'/api/…'``: the curl options and the
-    path quoted as usual, the endpoint left to the node's shell."""
-    return RemoteScript((), summary=summary, text=f"{head.shell()} {HF_HUB_ON_NODE}{shlex.quote(path)}")
+    path quoted as usual, the endpoint left to the node's shell; with ``auth`` the node's token
+    goes as a header (:data:`HUB_AUTH_ON_NODE`)."""
+    pre, hdr = (HUB_AUTH_ON_NODE, " -H @-") if auth else ("", "")
+    return RemoteScript((), summary=summary, text=f"{pre}{head.shell()}{hdr} {HF_HUB_ON_NODE}{shlex.quote(path)}")
 
 
 def hub_reachable(model: str) -> RemoteScript:
@@ -350,7 +382,16 @@ def hub_tree(model: str, revision: str = "main") -> RemoteScript:
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", revision):
         raise ValidationError(f"not a revision: {revision!r}")
     path = f"/api/models/{validate_model_id(model)}/tree/{revision}?recursive=true"
-    return _hub_curl(command("curl", "-sS", "--max-time", "20"), path)
+    return _hub_curl(command("curl", "-sS", "--max-time", "20"), path, auth=True)
+
+
+def hub_file(model: str, filename: str, revision: str = "main") -> RemoteScript:
+    """One small file of a repo from the Hub through the node (``config.json``, the safetensors
+    index), with the node's token: ``-f`` so a missing file is an exit code, not a 404 page."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", revision) or not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", filename):
+        raise ValidationError(f"not a Hub file: {filename!r}@{revision!r}")
+    path = f"/{validate_model_id(model)}/resolve/{revision}/{filename}"
+    return _hub_curl(command("curl", "-sSfL", "--max-time", "20"), path, auth=True)
 
 
 def hf_download(model: str) -> RemoteCommand:
@@ -417,8 +458,11 @@ def mkdir_p(path: str) -> RemoteCommand:
     return command("mkdir", "-p", validate_path(path), mutating=True, summary=f"mkdir -p {path}")
 
 
-def image_id(image: str) -> RemoteCommand:
-    return command("docker", "image", "inspect", "-f", "{{.Id}}", validate_image(image))
+def image_layers(image: str) -> RemoteCommand:
+    """``docker image inspect -f '{{json .RootFS.Layers}}' IMAGE``: the image's layer digests, what
+    survives ``docker save | docker load`` under every store (under containerd's the ID can change:
+    moby#48401, #47674, docker/cli#6670)."""
+    return command("docker", "image", "inspect", "-f", "{{json .RootFS.Layers}}", validate_image(image))
 
 
 def docker_pull(image: str) -> RemoteCommand:
@@ -433,11 +477,35 @@ def image_copy(image: str, user_host: str) -> RemoteScript:
                  summary=f"copy image {img} to {user_host.rpartition('@')[2]}")
 
 
-def python_in_image(image: str, program: str) -> RemoteCommand:
-    """Run the image's own Python once (``--rm``): what its vLLM knows, before 119 GB move."""
+def python_in_image(image: str, program: str, *, gpus: bool = False) -> RemoteCommand:
+    """Run the image's own Python once (``--rm``): what its vLLM knows, before 119 GB move. With
+    ``gpus`` it sees the GPU, so torch can say whether its build has kernels for it."""
     img = validate_image(image)
-    return command("docker", "run", "--rm", "--entrypoint", "python3", img, "-c", program,
-                   summary=f"ask {img}'s own Python which engine versions and architectures it has")
+    return command("docker", "run", "--rm", *(["--gpus", "all"] if gpus else []), "--entrypoint", "python3", img,
+                   "-c", program, summary=f"ask {img}'s own Python which engine versions and architectures it has")
+
+
+def hf_download_in_image(image: str, model: str, hf_dir: str, user: tuple[int, int] | None,
+                         name: str) -> RemoteCommand:
+    """``docker run --rm --name NAME --user UID:GID -v HF_DIR:/hf -e HF_HOME=/hf --entrypoint hf IMAGE
+    download MODEL``: the download where the tool is on a stock Spark, which has no ``hf`` on the
+    host (NVIDIA's playbooks run ``hf download`` in the vLLM container with the cache mounted).
+    As the login user (``--user``), so nothing in the user's cache becomes root's; the token is the
+    mounted cache's own file (``/hf/token``), never an argument. ``/hf``, not ``/root/...``: a
+    non-root user cannot pass through the image's ``/root`` (mode 700)."""
+    img, m = validate_image(image), validate_model_id(model)
+    argv = ["docker", "run", "--rm", "--name", validate_container(name)]
+    if user is not None:
+        argv += ["--user", f"{int(user[0])}:{int(user[1])}"]
+    argv += ["-v", f"{validate_path(hf_dir)}:/hf", "-e", "HF_HOME=/hf", "--entrypoint", "hf", img, "download", m]
+    return command(*argv, mutating=True, summary=f"download {m} from the Hub with {img}'s hf")
+
+
+def uvx_hf_download(model: str) -> RemoteCommand:
+    """``uvx hf download MODEL``: huggingface_hub's CLI run by uv without installing it (eugr's
+    spark-vllm-docker does this), where the host has uv but no ``hf``."""
+    m = validate_model_id(model)
+    return command("uvx", "hf", "download", m, mutating=True, summary=f"download {m} from the Hub (uvx hf)")
 
 
 def ping_df(ip: str, payload: int, count: int = 3) -> RemoteCommand:
@@ -502,6 +570,17 @@ def serve_in_container(container: str, argv: list[str], log_path: str,
     inner = "exec " + " ".join(shlex.quote(a) for a in argv) + f" > {shlex.quote(validate_path(log_path))} 2>&1"
     return docker_exec(container, ["sh", "-c", inner], detach=True, env=env, mutating=True,
                        summary=f"start {' '.join(argv[:2])} in {container}")
+
+
+def write_in_container(container: str, path: str, text: str, summary: str = "") -> RemoteCommand:
+    """``docker exec CONTAINER sh -c 'mkdir -p DIR && printf "%s\\n" "$1" > PATH' sh TEXT``: a small
+    file in the container's own file system. ``TEXT`` travels as ``$1``, an argument, so nothing of
+    it is ever read as shell; the script around it is constant but for the quoted path."""
+    p = validate_path(path)
+    d = p.rsplit("/", 1)[0] or "/"
+    script = f"mkdir -p {shlex.quote(d)} && printf '%s\\n' \"$1\" > {shlex.quote(p)}"
+    return docker_exec(container, ["sh", "-c", script, "sh", text], mutating=True,
+                       summary=summary or f"write {p} in {container}")
 
 
 # What ``docker_state`` prints per container: ``/NAME {"Status":…,"OOMKilled":…,"ExitCode":…,…}``

@@ -68,7 +68,7 @@ def _builders() -> dict[str, Callable[[str], R.RemoteCommand]]:
         "ssh_to.user_host": lambda v: R.ssh_to(v, "true"),
         "ssh_to.argv": lambda v: R.ssh_to("root@127.0.0.1", "echo", v),
         "mkdir_p.path": lambda v: R.mkdir_p(v),
-        "image_id.image": lambda v: R.image_id(v),
+        "image_layers.image": lambda v: R.image_layers(v),
         "docker_pull.image": lambda v: R.docker_pull(v),
         "image_copy.image": lambda v: R.image_copy(v, "root@127.0.0.1"),
         "image_copy.user_host": lambda v: R.image_copy("vllm/vllm-openai:v0.17.0", v),

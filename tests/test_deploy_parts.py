@@ -238,15 +238,6 @@ def test_container_commands_keep_values_as_single_arguments():
     assert shlex.split(argv[6])[5] == "a'b"
 
 
-def test_latest_for_a_cluster(tmp_path):
-    store = StateStore(tmp_path)
-    a = DeploymentState.new("Q/M", {}, "sparks")
-    b = DeploymentState.new("Q/M", {}, "other")
-    store.save(a)
-    store.save(b)
-    assert store.latest_for("sparks").id == a.id and store.latest_for("none") is None
-
-
 async def test_waiting_on_a_job_gives_up_when_its_node_stops_answering(tmp_path):
     """A node that never answers again must not hold the deployment forever: the wait ends with the
     node named and the way back (--resume re-attaches; the job keeps running there)."""

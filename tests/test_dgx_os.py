@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from sparkconsole.config import ClusterConfig, NodeConfig
+from sparkconsole.deploy.deployment_plan import Stop
 from sparkconsole.deploy.engines import version_from_ref
 from sparkconsole.deploy.flow import Flow, Options
-from sparkconsole.deploy.recon import LinkFacts, NodeFacts, parse_login_user
+from sparkconsole.deploy.recon import ImageFacts, LinkFacts, NodeFacts, parse_login_user
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.state import DeploymentState
 
@@ -129,3 +130,332 @@ async def test_a_copy_without_rsync_at_either_end_stops_before_anything_starts()
     assert failed.value.message.startswith("spark-b: rsync is not installed")
     assert failed.value.fix.startswith("on spark-b: sudo apt-get install -y rsync")
     assert reads.sent == []  # said before a node was asked anything
+
+
+# ---- a stock pair, on a real Runner whose transport answers from a script -------------------------
+
+class _Scripted:
+    """A node's transport answering each command by the first rule whose text it contains
+    (``(needle, rc, stdout, stderr)``); every command is recorded."""
+
+    def __init__(self, node: str, rules: list[tuple[str, int, str, str]], log: list[tuple[str, str]]) -> None:
+        self.node, self.rules, self.log = node, rules, log
+        self.connected, self.last_error = True, None
+
+    async def run(self, cmd, timeout: float = 30.0, input: str | None = None):
+        from sparkconsole.transport.base import CommandResult
+
+        text = cmd.shell()
+        self.log.append((self.node, text))
+        for needle, rc, out, err in self.rules:
+            if needle in text:
+                return CommandResult(text, rc, out, err, 0.01)
+        return CommandResult(text, 0, "", "", 0.01)
+
+
+def _stock_facts(node: str, *, ip: str, gid: int | None, **over) -> dict:
+    """A stock Spark as recon reads it: the login user in the docker group, sudo with a password, no
+    hf/uvx on the host, NVIDIA's earlier netplan (one link-local IPv4, on the f1np1 twin only, so
+    only that twin has a RoCE v2 IPv4 GID), a GB10 and the story's image."""
+    facts = NodeFacts(node, gpu="NVIDIA GB10", user="nvidia", uid=1000, gid=1000,
+                      groups=["nvidia", "adm", "sudo", "docker"], sudo="none", home="/home/nvidia",
+                      tools={"hf": False, "uvx": False, "rsync": True, "ping": True, "curl": True, "ss": True},
+                      mem_total=int(119.7 * (1 << 30)), mem_available=100 * (1 << 30),
+                      links=[LinkFacts("rocep1s0f1", "enp1s0f1np1", True, 1, [f"{ip}/16"], 1500, gid),
+                             LinkFacts("roceP2p1s0f1", "enP2p1s0f1np1", True, 1, [], 1500, None)],
+                      images=[ImageFacts("vllm/vllm-openai:v0.17.0", "sha256:" + "c" * 64)],
+                      image_store="containerd", storage_driver="overlayfs")
+    for k, v in over.items():
+        setattr(facts, k, v)
+    return facts.to_json()
+
+
+def _stock(rules: dict[str, list] | None = None, options: Options | None = None, **facts_over: dict):
+    """A Flow over two stock Sparks (head spark-a at GID index 3, worker spark-b at 5) on a real
+    Runner; returns the flow and the log of every command its transports were sent."""
+    from sparkconsole.deploy.decisions import ScriptedAnswers
+    from sparkconsole.deploy.runner import Runner
+
+    names = ("spark-a", "spark-b")
+    nodes = tuple(NodeConfig(n, "127.0.0.1", role="head" if i == 0 else "worker") for i, n in enumerate(names))
+    config = ClusterConfig(nodes=nodes, name="sparks")
+    opts = options or Options()
+    state = DeploymentState.new(opts.model, opts.to_json(), "sparks")
+    state.facts["nodes"] = {
+        "spark-a": _stock_facts("spark-a", ip="169.254.41.7", gid=3, **facts_over.get("spark-a", {})),
+        "spark-b": _stock_facts("spark-b", ip="169.254.190.33", gid=5, **facts_over.get("spark-b", {}))}
+    log: list[tuple[str, str]] = []
+    transports = {n: _Scripted(n, (rules or {}).get(n, []), log) for n in names}
+    events: list = []
+    runner = Runner(config=config, state=state, transports=transports, answer=ScriptedAnswers({}, auto=True),
+                    emit=events.append)
+    flow = Flow(runner, opts)
+    flow.update(tp=2, pp=1, image="vllm/vllm-openai:v0.17.0", engine="vllm", executor="ray",
+                weights_ok={"spark-a": True, "spark-b": True})
+    flow.events = events  # type: ignore[attr-defined]
+    return flow, log
+
+
+def _asked(flow: Flow, decision: str) -> dict:
+    """The decision as the operator met it (its last event): answer, measured lines, options."""
+    from sparkconsole.deploy.events import DecisionEvent
+
+    e = [x for x in flow.events if isinstance(x, DecisionEvent) and x.id == decision][-1]  # type: ignore[attr-defined]
+    return {"answer": e.answer, "measured": e.measured, "options": e.options}
+
+
+# ---- item 2: the download runs where hf is -------------------------------------------------------
+
+def test_the_download_runs_where_the_tool_is_never_an_hf_the_host_lacks():
+    """Before: `hf download` on the host, which a stock Spark does not have ("command not found")."""
+    from sparkconsole.deploy.steps import Weights
+
+    flow, _ = _stock()
+    flow.update(engine_checks={flow.image: {"clis": {"hf": "/usr/local/bin/hf"}}})
+    argv = Weights(flow)._download_cmd("spark-a").argv
+    # the engine image's own hf, as the login user (nothing root-owned left in the user's cache), the
+    # cache mounted where a non-root user can reach it, the token the cache's own file
+    assert argv[:3] == ("docker", "run", "--rm") and argv[5:7] == ("--user", "1000:1000")
+    assert "/home/nvidia/.cache/huggingface:/hf" in argv and "HF_HOME=/hf" in argv
+    assert argv[argv.index("--entrypoint") + 1] == "hf" and argv[-2:] == ("download", flow.options.model)
+    assert not any("token" in a.lower() for a in argv)
+    flow, _ = _stock(**{"spark-a": {"tools": {"hf": False, "uvx": True}}})
+    assert Weights(flow)._download_cmd("spark-a").argv[:3] == ("uvx", "hf", "download")
+    flow, _ = _stock(**{"spark-a": {"tools": {"hf": True}}})
+    assert Weights(flow)._download_cmd("spark-a").argv[:2] == ("hf", "download")
+    flow, _ = _stock()  # no hf anywhere, and the image was not asked: stop with how to get one
+    with pytest.raises(StepFailed, match="no `hf` to download with") as failed:
+        Weights(flow)._download_cmd("spark-a")
+    assert "uv" in failed.value.fix
+
+
+# ---- item 3: sudo -n, read in recon; the caches step goes on without it ----------------------------
+
+def _sudo_answer(tmp_path: Path, rule_allows_tee: bool) -> str:
+    """Recon's sudo check run by the real /bin/sh against a `sudo` that answers as sudo.ws does on a
+    stock Spark (the captured message, exit 1), optionally with sparkrun's narrow rule in place."""
+    import os
+    import subprocess
+
+    from sparkconsole.deploy.recon import SUDO_TEXT
+
+    message = (REAL / "sudo-n-password-required.txt").read_text().splitlines()[2]
+    assert message == "sudo: a password is required"
+    allowed = "/usr/bin/tee /proc/sys/vm/drop_caches" if rule_allows_tee else "-"
+    fake = tmp_path / "sudo"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = -n ] && [ \"$2\" = -l ] && shift 2 && "
+                    f"[ \"$*\" = '{allowed}' ] && {{ echo \"$*\"; exit 0; }}\n"
+                    f"echo '{message}' >&2; exit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    return subprocess.run(["/bin/sh", "-c", SUDO_TEXT], env=env, capture_output=True, text=True).stdout.strip()
+
+
+def test_recon_reads_whether_sudo_needs_a_password(tmp_path):
+    assert _sudo_answer(tmp_path, rule_allows_tee=False) == "none"
+    assert _sudo_answer(tmp_path, rule_allows_tee=True) == "drop-caches"  # sparkrun's narrow rule
+    assert NodeFacts("n", sudo="drop-caches").can_sudo("drop-caches") and not NodeFacts("n", sudo="none").can_sudo()
+
+
+async def test_the_caches_step_goes_on_without_sudo_and_drops_only_where_a_rule_allows():
+    """Before: `sudo -n sh -c 'sync; echo 3 > …'` on every node, a failure fatal ("a password is
+    required" on a stock node), and a fix (`sh -c`) no narrow sudoers rule can allow."""
+    from sparkconsole.deploy.steps import Caches
+
+    flow, _ = _stock()
+    step = Caches(flow)
+    await step.decide()
+    assert flow.plan.drop is False and await flow.runner.rehearse(step.send) == []
+    asked = _asked(flow, "caches.drop")
+    assert asked["answer"] == "go-on"
+    assert any("sudo -n needs a password" in m for m in asked["measured"])
+    stop = next(o for o in asked["options"] if o["value"] == "stop")
+    assert "nvidia ALL=(root) NOPASSWD: /usr/bin/tee /proc/sys/vm/drop_caches" in stop["why"]
+    assert "visudo -cf" in stop["why"]
+
+    flow, _ = _stock(**{"spark-a": {"sudo": "drop-caches"}})
+    step = Caches(flow)
+    await step.decide()
+    planned = await flow.runner.rehearse(step.send)
+    assert [(n, c.shell()) for n, c in planned] == [
+        ("spark-a", "sync && echo 3 | sudo -n /usr/bin/tee /proc/sys/vm/drop_caches > /dev/null")]
+
+
+# ---- item 4: the GID index per node, pinned only where every listed HCA has it ---------------------
+
+def test_each_node_lists_only_twins_with_an_ipv4_gid_and_pins_its_own_index():
+    """Before: both twins listed and one index assumed for both (3), though the earlier netplan
+    gives the enP2 twin no IPv4 GID and the peer's index was 5: NCCL failed INIT → RTR."""
+    from sparkconsole.deploy.netenv import ib_devices
+
+    flow, _ = _stock()
+    head, worker = dict(flow.env("spark-a")), dict(flow.env("spark-b"))
+    assert head["NCCL_IB_HCA"] == worker["NCCL_IB_HCA"] == "rocep1s0f1"  # not roceP2p1s0f1: no IPv4 GID
+    assert (head["NCCL_IB_GID_INDEX"], worker["NCCL_IB_GID_INDEX"]) == ("3", "5")
+    two = NodeFacts("n", links=[LinkFacts("rocep1s0f1", "enp1s0f1np1", True, 1, ["192.168.100.11/24"], 9000, 3),
+                                LinkFacts("roceP2p1s0f1", "enP2p1s0f1np1", True, 1, ["192.168.101.11/24"], 9000, 5)])
+    assert ib_devices(two) == (["rocep1s0f1", "roceP2p1s0f1"], None)  # they disagree: NCCL picks per device
+    same = NodeFacts("n", links=[LinkFacts("rocep1s0f1", "enp1s0f1np1", True, 1, ["192.168.100.11/24"], 9000, 3),
+                                 LinkFacts("roceP2p1s0f1", "enP2p1s0f1np1", True, 1, ["192.168.101.11/24"], 9000, 3)])
+    assert ib_devices(same) == (["rocep1s0f1", "roceP2p1s0f1"], 3)
+
+
+# ---- item 5: the head's variables are not carried over the workers' own ---------------------------
+
+async def test_the_head_keeps_each_nodes_own_variables_from_vllms_ray_carry_over():
+    """vLLM >= 0.17 copies the driver's NCCL_*/UCX_*/VLLM_*/HF_* to every Ray worker (PR #34383):
+    the head's NCCL_IB_GID_INDEX=3 over the worker's 5. Before: no ray_non_carry_over_env_vars.json."""
+    import json
+    import shlex
+
+    from sparkconsole.deploy.steps import Serve
+
+    flow, _ = _stock()
+    planned = await flow.runner.rehearse(Serve(flow).send)
+    write = [c for n, c in planned if n == "spark-a" and "ray_non_carry_over_env_vars.json" in c.shell()]
+    assert len(write) == 1
+    argv = list(write[0].argv)
+    assert argv[:3] == ["docker", "exec", flow.container("ray")]
+    assert "/root/.config/vllm/ray_non_carry_over_env_vars.json" in argv[-3]
+    assert json.loads(argv[-1]) == ["NCCL_IB_GID_INDEX"]  # the one per-node value that differs here
+    serve = [c for n, c in planned if "vllm serve" in c.shell()]
+    assert planned.index(("spark-a", write[0])) < planned.index(("spark-a", serve[0]))  # read when serve starts
+    assert "VLLM_CONFIG_ROOT=/root/.config/vllm" in shlex.split(serve[0].shell())
+
+
+# ---- item 6: the engine check runs with the GPU and reads the build's CUDA and kernels ------------
+
+def test_the_engine_check_says_a_build_without_kernels_for_gb10():
+    """vllm#30855: torch 2.9.0+cu128 on GB10, "no kernel image is available" (the fixture)."""
+    from sparkconsole.deploy.engines import KNOWN_IMAGES, parse_engine_output, version_tuple
+
+    assert "no kernel image is available" in (REAL / "gb10-cuda12-build.txt").read_text()
+    head = "vllm 0.12.0\ntransformers 4.57.1\ntorch 2.9.0+cu128\nsglang -\nray 2.49.0\ncuda 12.8\ndevice 12.1\n"
+    old = parse_engine_output("x", head + "archs sm_80 sm_90\n", 0)
+    assert old.gpu_verdict() and "sm_121" in old.gpu_verdict() and "cu130" in old.gpu_verdict()
+    assert parse_engine_output("x", head + "archs sm_80 sm_90 sm_120\n", 0).gpu_verdict() is None  # sm_120 runs on 12.1
+    assert parse_engine_output("x", head + "archs sm_90 compute_90\n", 0).gpu_verdict() is None  # PTX is compiled
+    assert parse_engine_output("x", head.replace("device 12.1\n", "") + "archs -\n", 0).gpu_verdict() is None
+    # the bundled known-good images are Blackwell builds: no plain vllm-openai tag before 0.20 (CUDA 12.9)
+    for k in KNOWN_IMAGES:
+        if k.ref.startswith("vllm/vllm-openai:") and version_tuple(k.version) < (0, 20):
+            assert k.ref.endswith("-cu130"), k.ref
+
+
+async def test_the_engine_check_gives_the_image_the_gpu():
+    from sparkconsole.deploy.steps import Engine
+
+    flow, log = _stock()
+    await Engine(flow)._check("spark-a", "vllm/vllm-openai:v0.17.0")
+    check = next(t for n, t in log if "--entrypoint python3" in t)
+    assert check.startswith("docker run --rm --gpus all --entrypoint python3 vllm/vllm-openai:v0.17.0 -c")
+
+
+# ---- item 7: an image without Ray ---------------------------------------------------------------
+
+async def test_an_image_without_ray_is_offered_vllms_native_multi_node():
+    """NGC 26.05 ships without ray; `ray start` in it fails with "ray": executable file not found."""
+    from sparkconsole.deploy.steps import Cluster
+
+    assert '"ray": executable file not found' in (REAL / "ray-not-found.txt").read_text()
+    flow, _ = _stock()
+    flow.update(image="nvcr.io/nvidia/vllm:26.05-py3", executor=None,
+                engine_checks={"nvcr.io/nvidia/vllm:26.05-py3": {"versions": {"vllm": "0.20.1", "ray": None},
+                                                                 "clis": {"ray": None, "vllm": "/usr/bin/vllm"}}})
+    await Cluster(flow).decide()
+    asked = _asked(flow, "cluster.executor")
+    assert asked["answer"] == "native" and flow.plan.executor == "native"
+    assert "back-engine" in [o["value"] for o in asked["options"]]
+    assert any("Ray ABSENT" in m for m in asked["measured"])
+
+
+# ---- item 8: every launch names its entrypoint ---------------------------------------------------
+
+@pytest.mark.parametrize("executor,tp", [("single", 1), ("native", 2)])
+def test_every_engine_launch_names_its_entrypoint(executor, tp):
+    """Only vllm/vllm-openai's ENTRYPOINT is `vllm serve`; NGC's is /opt/nvidia/nvidia_entrypoint.sh,
+    which took the model id for a command. Before: the model id alone after the image."""
+    from sparkconsole.deploy.steps import Serve
+
+    flow, _ = _stock()
+    flow.update(executor=executor, tp=tp)
+    for _n, cmd in Serve(flow)._commands():
+        argv = list(cmd.argv)
+        assert argv[argv.index("--entrypoint") + 1] == "vllm"
+        assert argv[argv.index(flow.image) + 1] == "serve"
+
+
+# ---- item 9: the same image is the same layers --------------------------------------------------
+
+async def test_images_are_compared_by_layers_not_ids_under_the_containerd_store():
+    """Under Docker's containerd store an image's ID can change across docker save | docker load
+    (moby#48401); its layers do not. Before: "image IDs differ" and a copy that never converged."""
+    from sparkconsole.deploy.recon import parse_storage
+    from sparkconsole.deploy.steps import Images
+
+    layers = '["sha256:' + "1" * 64 + '","sha256:' + "2" * 64 + '"]\n'
+    flow, log = _stock({n: [("RootFS.Layers", 0, layers, "")] for n in ("spark-a", "spark-b")})
+    assert await Images(flow).probe() == "vllm/vllm-openai:v0.17.0 is on every node (the same 2 layers)"
+    assert all("{{json .RootFS.Layers}}" in t for _n, t in log) and not any("{{.Id}}" in t for _n, t in log)
+    assert parse_storage('overlayfs [["driver-type","io.containerd.snapshotter.v1"]]') == ("overlayfs", "containerd")
+    info = (REAL / "stock-spark-docker-info.txt").read_text()
+    assert " Storage Driver: overlay2" in info  # the real capture's store: a classic graph driver
+    assert parse_storage('overlay2 [["Backing Filesystem","extfs"]]') == ("overlay2", "classic")
+
+
+# ---- item 10: the engines stay off the Hub once the weights are verified ----------------------------
+
+def test_engines_start_offline_once_the_weights_are_verified():
+    flow, _ = _stock()
+    assert ("HF_HUB_OFFLINE", "1") in flow.env("spark-b") and ("TRANSFORMERS_OFFLINE", "1") in flow.env("spark-b")
+    flow.update(weights_ok={"spark-a": True})
+    assert ("HF_HUB_OFFLINE", "1") not in flow.env("spark-b")  # not yet verified everywhere
+
+
+# ---- item 12: a model the console has not bundled ------------------------------------------------
+
+async def test_a_model_neither_bundled_nor_cached_is_read_from_the_hub_through_a_node(monkeypatch):
+    """Before: `deploy --model X` stopped at once: "not bundled and not cached, and offline"."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the laptop has no route to the Hub
+    config = (Path(__file__).parents[1] / "sparkconsole" / "planner" / "specs" / "qwen3-8B.config.json").read_text()
+    index = '{"metadata": {"total_size": 16381470720}, "weight_map": {"model.embed_tokens.weight": "m-1.safetensors"}}'
+    rules = {"spark-a": [("/resolve/main/config.json", 0, config, ""),
+                         ("/resolve/main/model.safetensors.index.json", 0, index, "")]}
+    flow, log = _stock(rules, options=Options(model="acme/Qwen3-8B-finetune"))
+    with pytest.raises(StepFailed, match="could not be read"):
+        flow.spec  # noqa: B018
+    flow.runner.state.facts["nodes"] = {**flow.runner.state.facts["nodes"],
+                                        "spark-a": {**flow.runner.state.facts["nodes"]["spark-a"], "hub": True}}
+    await flow.find_spec()
+    assert flow.spec.geometry.num_layers == 36 and flow.spec.checkpoint.total_size == 16381470720
+    sent = [t for n, t in log if n == "spark-a"]
+    assert all("-H @-" in t and "Authorization: Bearer" in t for t in sent)  # the node's token, as a header
+    from sparkconsole.planner.spec import load_spec
+    assert load_spec("acme/Qwen3-8B-finetune", offline=True).geometry.num_layers == 36  # cached for next time
+
+
+# ---- item 14: units and host processes are offered for freeing -------------------------------------
+
+async def test_units_and_host_gpu_processes_are_offered_for_freeing_memory():
+    """Before: only containers; a model served by a systemd unit (the seed stopped vllm-cluster) or
+    started by hand was never offered, and the plan stayed short."""
+    from sparkconsole.deploy import freeing
+    from sparkconsole.deploy.recon import Holder, parse_owners
+    from sparkconsole.deploy.steps import FreeMemory
+
+    owners = parse_owners("4242 0::/system.slice/vllm-cluster.service\n5151 0::/user.slice/user-1000.slice/"
+                          "session-3.scope\n6161 0::/system.slice/docker-" + "a" * 64 + ".scope\n")
+    assert owners == {4242: ("unit", "vllm-cluster.service"), 6161: ("container", "a" * 64)}
+    gib = 1 << 30
+    holders = [Holder("process", "python3", 60 * gib, detail="unit vllm-cluster.service"),
+               Holder("process", "ollama", 20 * gib, detail="pid 5151")]
+    f = NodeFacts("spark-a", mem_available=30 * gib, holders=holders, sudo="all")
+    assert freeing.service_bytes(f) == {"unit:vllm-cluster.service": 60 * gib, "pid:5151": 20 * gib}
+    assert freeing.choose(f, 80 * gib).stop == ("unit:vllm-cluster.service",)
+    f.sudo = "none"  # a unit needs sudo to stop: without it, only what the user may stop is recommended
+    assert freeing.choose(f, 80 * gib).stop == ("pid:5151",) and not freeing.choose(f, 80 * gib).enough
+
+    flow, _ = _stock()
+    flow.update(stops=[Stop("spark-a", "unit:vllm-cluster.service"), Stop("spark-b", "pid:5151")])
+    planned = [(n, c.shell()) for n, c in await flow.runner.rehearse(FreeMemory(flow).send)]
+    assert planned == [("spark-a", "sudo -n systemctl stop vllm-cluster.service"), ("spark-b", "kill -TERM 5151")]

@@ -16,20 +16,37 @@ from dataclasses import dataclass, field
 
 from sparkconsole.remote import validate_image
 
-MODULES = ("vllm", "transformers", "torch", "sglang")
+MODULES = ("vllm", "transformers", "torch", "sglang", "ray")
+CLIS = ("hf", "ray", "vllm")  # the image's commands the flow may name as an entrypoint
 
 
 def engine_program(architectures: tuple[str, ...]) -> str:
-    """The Python the image runs: one line per fact, nothing else (so any Python 3 can run it)."""
+    """The Python the image runs: one line per fact, nothing else (so any Python 3 can run it).
+
+    Besides the module versions and the registry's verdict it prints what only a GPU run shows:
+    ``cuda`` (``torch.version.cuda``: a CUDA 12 build of vLLM fails on GB10 with "no kernel image
+    is available", vllm#30855), ``device`` (the GPU's compute capability, 12.1 on GB10) and
+    ``archs`` (``torch.cuda.get_arch_list()``, empty without a GPU), and which of :data:`CLIS`
+    the image has on its PATH (NGC 26.05 has no ``ray``; ``hf`` downloads where the host has none)."""
     for a in architectures:
         if not re.fullmatch(r"[A-Za-z0-9_]{1,128}", a):
             raise ValueError(f"not an architecture name: {a!r}")
-    lines = ["import importlib"]
+    lines = ["import importlib, shutil"]
     lines.append(f"for m in {MODULES!r}:")
     lines.append("    try:")
     lines.append("        print(m, importlib.import_module(m).__version__)")
     lines.append("    except Exception:")
     lines.append("        print(m, '-')")
+    lines.append(f"for c in {CLIS!r}:")
+    lines.append("    print('cli', c, shutil.which(c) or '-')")
+    lines.append("try:")
+    lines.append("    import torch")
+    lines.append("    print('cuda', torch.version.cuda or '-')")
+    lines.append("    if torch.cuda.is_available():")
+    lines.append("        print('device', '%d.%d' % torch.cuda.get_device_capability())")
+    lines.append("    print('archs', ' '.join(torch.cuda.get_arch_list()) or '-')")
+    lines.append("except Exception:")
+    lines.append("    print('cuda', '-')")
     lines.append("known = None")
     lines.append("try:")
     lines.append("    from vllm.model_executor.models import ModelRegistry")
@@ -47,12 +64,17 @@ def engine_program(architectures: tuple[str, ...]) -> str:
 
 @dataclass
 class EngineFacts:
-    """What one image said: module versions (None: not importable) and architecture support."""
+    """What one image said: module versions (None: not importable), its commands, its CUDA build
+    and the GPU it ran on, and architecture support."""
 
     image: str
     versions: dict[str, str | None] = field(default_factory=dict)
     archs: dict[str, bool | None] = field(default_factory=dict)
     error: str = ""
+    clis: dict[str, str | None] = field(default_factory=dict)  # command -> its path in the image, None: absent
+    cuda: str | None = None  # torch.version.cuda
+    device: str | None = None  # the GPU's compute capability ("12.1"), None when no GPU was given
+    cuda_archs: tuple[str, ...] = ()  # torch.cuda.get_arch_list()
 
     @property
     def vllm(self) -> str | None:
@@ -60,6 +82,32 @@ class EngineFacts:
 
     def knows(self, arch: str) -> bool | None:
         return self.archs.get(arch)
+
+    def has(self, cli: str) -> bool | None:
+        """The image has ``cli`` on its PATH (None: not asked, an older check)."""
+        if cli not in self.clis:
+            return None
+        return self.clis[cli] is not None
+
+    def gpu_verdict(self) -> str | None:
+        """Why this build cannot run kernels on the GPU it ran on, or None when it can (or no GPU
+        was given). A cubin built for sm_XY runs on sm_XZ with Z >= Y (same major); PTX
+        (``compute_XY``) is compiled for any newer GPU. So GB10 (12.1) needs sm_120/sm_121 or PTX
+        of 12.x or older in ``get_arch_list()``; a CUDA 12.8 torch without them fails with "no
+        kernel image is available for execution on the device" (vllm#30855)."""
+        if not self.device or not self.cuda_archs:
+            return None
+        major, minor = (int(x) for x in self.device.split(".")[:2])
+        for a in self.cuda_archs:
+            m = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", a)
+            if not m:
+                continue
+            amaj, amin = int(m.group(2)), int(m.group(3))
+            if (m.group(1) == "sm" and amaj == major and amin <= minor) or \
+                    (m.group(1) == "compute" and (amaj, amin) <= (major, minor)):
+                return None
+        return (f"its torch (CUDA {self.cuda or '?'}) has no kernels for this GPU (sm_{major}{minor}): built for "
+                f"{' '.join(self.cuda_archs)}; a Blackwell build (a -cu130 tag, an NGC image) has them")
 
 
 def parse_engine_output(image: str, text: str, rc: int | None) -> EngineFacts:
@@ -70,6 +118,14 @@ def parse_engine_output(image: str, text: str, rc: int | None) -> EngineFacts:
             f.versions[parts[0]] = None if parts[1] == "-" else parts[1]
         elif len(parts) == 3 and parts[0] == "arch":
             f.archs[parts[1]] = {"yes": True, "no": False}.get(parts[2])
+        elif len(parts) == 3 and parts[0] == "cli" and parts[1] in CLIS:
+            f.clis[parts[1]] = None if parts[2] == "-" else parts[2]
+        elif len(parts) == 2 and parts[0] == "cuda":
+            f.cuda = None if parts[1] == "-" else parts[1]
+        elif len(parts) == 2 and parts[0] == "device" and re.fullmatch(r"\d+\.\d+", parts[1]):
+            f.device = parts[1]
+        elif len(parts) >= 2 and parts[0] == "archs":
+            f.cuda_archs = () if parts[1:] == ["-"] else tuple(parts[1:])
     if rc != 0 or not f.versions:
         f.error = (text.strip().splitlines() or [f"exit {rc}"])[-1][:300]
     return f
@@ -110,12 +166,17 @@ class KnownImage:
 
 
 QWEN35 = ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration")
-# Newest first. The vLLM >= 0.16 builds know Qwen3.5; NVIDIA's 26.03 container logs vLLM 0.17.1.
+# Newest first; Blackwell (CUDA 13) builds only: up to vLLM 0.19 the plain vllm/vllm-openai tags are
+# CUDA 12.9 builds and vLLM's recipe for Blackwell names the -cu130 tags (from 0.20 the plain tag is CUDA
+# 13); NVIDIA's playbooks use NGC images. A CUDA 12.8 build failed on GB10 with "no kernel image is
+# available" (vllm#30855). The vLLM >= 0.16 builds know Qwen3.5.
 KNOWN_IMAGES: tuple[KnownImage, ...] = (
-    KnownImage("vllm/vllm-openai:v0.17.0", "vllm", "0.17.0", QWEN35,
-               "upstream vLLM 0.17.0 with sm_121 (GB10); loads Qwen3.5-122B-A10B-FP8 at TP=2"),
+    KnownImage("vllm/vllm-openai:v0.17.0-cu130", "vllm", "0.17.0", QWEN35,
+               "upstream vLLM 0.17.0, CUDA 13 build (Blackwell); has Ray; loads Qwen3.5-122B-A10B-FP8 at TP=2"),
     KnownImage("nvcr.io/nvidia/vllm:26.03-py3", "vllm", "0.17.1", QWEN35,
-               "NVIDIA's GB10 build (vLLM 0.17.1); has Ray"),
+               "NVIDIA's GB10 build (vLLM 0.17.1, CUDA 13); has Ray"),
+    KnownImage("nvcr.io/nvidia/vllm:26.05-py3", "vllm", "0.20.1", QWEN35,
+               "NVIDIA's GB10 build (vLLM 0.20.1, CUDA 13); no Ray: vLLM's native multi-node"),
     KnownImage("lmsysorg/sglang:v0.5.9-cu130", "sglang", "0.5.9", QWEN35,
                "experimental on Spark: validated at --mem-fraction-static 0.70; two-node NCCL start may hang"),
 )

@@ -13,6 +13,7 @@ Qwen/Qwen3.5-122B-A10B-FP8).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +21,12 @@ from sparkconsole.deploy import exits, netenv
 from sparkconsole.deploy.deployment_plan import DeploymentPlan
 from sparkconsole.deploy.recon import NodeFacts, facts_from_output, recon_command
 from sparkconsole.deploy.runner import Runner, StepFailed
-from sparkconsole.planner.spec import load_spec
+from sparkconsole.errors import UserError
+from sparkconsole.planner.spec import ModelSpec, load_spec, spec_from_hub_files
 from sparkconsole.remote import (
     docker_state,
     http_get,
+    hub_file,
 )
 
 if TYPE_CHECKING:
@@ -68,7 +71,13 @@ class Flow:
     def __init__(self, runner: Runner, options: Options) -> None:
         self.runner = runner
         self.options = options
-        self.spec = load_spec(options.model, offline=True)
+        # bundled or cached: known at once; else read from the Hub in recon (find_spec), never refused
+        # up front as "not bundled and not cached, and offline" (a model `plan` had never seen)
+        self._spec: ModelSpec | None = None
+        try:
+            self._spec = load_spec(options.model, offline=True)
+        except UserError as exc:
+            self._spec_missing = str(exc)
         self._facts: dict[str, NodeFacts] = {}
         self._facts_of: object = None
         from sparkconsole.deploy.steps import STEPS  # the steps import this module: at call time
@@ -76,6 +85,40 @@ class Flow:
 
         self.steps: list[Step] = [cls(self) for cls in STEPS]
         runner.declared = {s.id: s.decisions for s in self.steps} | {"teardown": Teardown.decisions}
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model's spec (config and checkpoint facts): the planner's arithmetic needs it."""
+        if self._spec is None:
+            raise StepFailed(f"{self.options.model}: its config could not be read ({self._spec_missing})",
+                             "give a node or this laptop a route to the Hub, or run `sparkconsole plan MODEL` "
+                             "where the Hub is reached; then --resume")
+        return self._spec
+
+    async def find_spec(self) -> None:
+        """The spec from the Hub when it was neither bundled nor cached: from this laptop as ``plan``
+        reads it (config and safetensors headers), else through a node recon found online (config and
+        the safetensors index, with the node's token for gated repos); cached either way."""
+        if self._spec is not None:
+            return
+        try:
+            self._spec = await asyncio.to_thread(load_spec, self.options.model, False)
+            return
+        except UserError as exc:
+            laptop = str(exc)
+        node = next((n for n, f in self.facts.items() if f.hub), None)
+        if node is None:
+            self._spec_missing = f"{laptop}; and no node reaches the Hub"
+            return
+        cfg = await self.runner.read(node, hub_file(self.options.model, "config.json"), timeout=60)
+        if not cfg.ok:
+            self._spec_missing = f"{laptop}; through {node}: {(cfg.stderr.strip() or 'no config.json')[-200:]}"
+            return
+        idx = await self.runner.read(node, hub_file(self.options.model, "model.safetensors.index.json"), timeout=60)
+        try:
+            self._spec = spec_from_hub_files(self.options.model, cfg.stdout, idx.stdout if idx.ok else None, node)
+        except UserError as exc:
+            self._spec_missing = str(exc)
 
     def step(self, step_id: str) -> Step:
         """The step of that id (a failed start names the step to go back to)."""
@@ -155,7 +198,14 @@ class Flow:
         return f"sparkconsole-{role}-{self.runner.state.short_id}"
 
     def env(self, node: str) -> list[tuple[str, str]]:
-        return netenv.node_env(self.fact(node), self.ip(self.head))
+        """The node's own network environment, and the Hub switched off once the weights were
+        verified on every node of the deployment: a worker without internet otherwise waits out a
+        Hub timeout on every file it opens (sparkrun sets both once weights are local)."""
+        env = netenv.node_env(self.fact(node), self.ip(self.head))
+        done = self.plan.weights_ok or {}
+        if self.nodes and all(done.get(n) for n in self.nodes):
+            env += [("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")]
+        return env
 
     async def inspect(self, node: str, name: str) -> exits.ContainerState | None:
         """One container's state on ``node`` (``docker inspect``, read-only); ``missing`` when docker

@@ -23,13 +23,37 @@ class Choice:
     node: str
     need: int  # bytes that must be available at launch
     available: int  # now
-    stop: tuple[str, ...]  # container names
+    stop: tuple[str, ...]  # container names, unit:NAME, pid:N (service_bytes)
     frees: int
     enough: bool
 
     @property
     def after(self) -> int:
         return self.available + self.frees
+
+
+def service_bytes(f: NodeFacts) -> dict[str, int]:
+    """What can be stopped to free memory, by the name a :class:`~sparkconsole.deploy.deployment_plan.Stop`
+    carries: running containers (their name), systemd units holding GPU memory (``unit:NAME``) and
+    host GPU processes outside both (``pid:N``). Containers were all the wizard offered before, so
+    a model served by a unit or started by hand was never offered and the plan stayed short."""
+    out = container_bytes(f)
+    for h in f.holders:
+        if h.kind != "process":
+            continue
+        if h.detail.startswith("unit "):
+            key = "unit:" + h.detail.split(" ", 1)[1]
+        elif h.detail.startswith("pid "):
+            key = "pid:" + h.detail.split(" ", 1)[1]
+        else:
+            continue
+        out[key] = out.get(key, 0) + h.bytes
+    return out
+
+
+def needs_sudo(name: str) -> bool:
+    """Stopping a systemd unit needs root (``sudo -n systemctl stop``)."""
+    return name.startswith("unit:")
 
 
 def container_bytes(f: NodeFacts) -> dict[str, int]:
@@ -53,7 +77,8 @@ def busy(f: NodeFacts) -> dict[str, float]:
 
 def choose(f: NodeFacts, need: int, keep: frozenset[str] = frozenset()) -> Choice:
     avail = int(f.mem_available or 0)
-    held = {n: b for n, b in container_bytes(f).items() if n not in keep}
+    # a unit is a candidate only where sudo may stop it; the others stay in the "stop every" option
+    held = {n: b for n, b in service_bytes(f).items() if n not in keep and (not needs_sudo(n) or f.can_sudo())}
     if avail >= need:
         return Choice(f.node, need, avail, (), 0, True)
     names = sorted(held)

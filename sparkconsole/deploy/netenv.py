@@ -87,19 +87,55 @@ def _port_of(netdev: str | None) -> int:
     return 0
 
 
+def ib_devices(f: NodeFacts) -> tuple[list[str], int | None]:
+    """The RDMA devices NCCL may use on this node and the GID index to pin, if any.
+
+    Only Up twins whose GID table has a RoCE v2 entry for an IPv4 address are listed: under NVIDIA's
+    earlier netplan one twin of each pair has no IPv4 (a real ``ip -br addr`` shows
+    ``enP2p1s0f1np1`` with fe80 only), and NCCL on it fails at the queue-pair transition. The index
+    is pinned only when it is the same for every listed device of this node; it differs between
+    nodes (3 on one, 5 on a peer with an extra IPv6 address) and moves when addresses change, so
+    it is read per node at launch, and left to NCCL (which picks a GID per device) when the
+    devices disagree. A wrong one fails with ``ibv_modify_qp failed with 22 Invalid argument …
+    INIT → RTR`` (deploy-failures; docs/dgx-os.md)."""
+    listed = [x for x in f.up_links() if x.rdma and x.gid_v2_index is not None]
+    if not listed:
+        return [x.rdma for x in f.up_links() if x.rdma], None
+    indexes = {x.gid_v2_index for x in listed}
+    return [x.rdma for x in listed], (indexes.pop() if len(indexes) == 1 else None)
+
+
+# The names node_env sets whose value is this node's own (its address, its devices, its GID index).
+# vLLM >= 0.17 copies the Ray driver's NCCL_*/UCX_*/VLLM_*/HF_* variables to every worker (PR #34383),
+# so any of these that differ between nodes go in ray_non_carry_over_env_vars.json on the head.
+PER_NODE = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES", "NCCL_IB_HCA",
+            "NCCL_IB_DISABLE", "NCCL_IB_GID_INDEX")
+
+
 def node_env(f: NodeFacts, head_ip: str) -> list[tuple[str, str]]:
     """The environment one node's containers start with (Ray does not carry it across nodes)."""
     lk = f.fast_link()
     ip = f.fast_ip()
     if lk is None or ip is None or not lk.netdev:
         return []
-    hcas = [x.rdma for x in f.up_links() if x.rdma]
+    hcas, gid_index = ib_devices(f)
     env = [("VLLM_HOST_IP", ip), ("RAY_NODE_IP_ADDRESS", ip), ("MASTER_ADDR", head_ip),
            ("NCCL_SOCKET_IFNAME", lk.netdev), ("GLOO_SOCKET_IFNAME", lk.netdev), ("TP_SOCKET_IFNAME", lk.netdev),
            ("UCX_NET_DEVICES", lk.netdev)]
     # no RDMA device read on the link: NCCL over sockets on that netdev, never a guessed HCA
     env += [("NCCL_IB_HCA", ",".join(hcas)), ("NCCL_IB_DISABLE", "0")] if hcas else [("NCCL_IB_DISABLE", "1")]
-    if lk.gid_v2_index is not None:
-        env.append(("NCCL_IB_GID_INDEX", str(lk.gid_v2_index)))
+    if gid_index is not None:
+        env.append(("NCCL_IB_GID_INDEX", str(gid_index)))
     env += [("RAY_memory_monitor_refresh_ms", "0"), ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]
     return env
+
+
+def not_carried(envs: list[list[tuple[str, str]]]) -> list[str]:
+    """The per-node names whose value is not the same on every node (set differently, or set on
+    some and not others): what the head's Ray driver must not copy over the workers' own."""
+    out = []
+    for name in PER_NODE:
+        values = {dict(e).get(name) for e in envs}
+        if len(values) > 1:
+            out.append(name)
+    return out

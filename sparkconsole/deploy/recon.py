@@ -32,7 +32,14 @@ _HF_DIR = '"${HF_HOME:-$HOME/.cache/huggingface}"'
 HOME_TEXT = 'echo "$HOME"; echo "${HF_HOME:-}"'
 # The login user: DGX OS makes it at first boot (no fixed name, never root), and node-to-node ssh,
 # rsync and docker load go to that user on the peer, as NVIDIA's playbooks set the keys up.
-USER_TEXT = "id -un"
+USER_TEXT = "id -un; id -u; id -g; id -Gn"
+# sudo without a password: on stock DGX OS `sudo -n` answers "a password is required" (exit 1; sudo-rs:
+# "interactive authentication is required": the exit status is what counts). `all`: a NOPASSWD rule for
+# everything; `drop-caches`: only sparkrun's narrow rule (`USER ALL=(root) NOPASSWD: /usr/bin/tee
+# /proc/sys/vm/drop_caches`; `sudo -n -l CMD` lists an allowed command without a password, sudo's
+# default listpw=any); `none`: neither, so the flow runs nothing that needs sudo.
+SUDO_TEXT = ("if sudo -n true >/dev/null 2>&1; then echo all; elif sudo -n -l /usr/bin/tee /proc/sys/vm/drop_caches "
+             ">/dev/null 2>&1; then echo drop-caches; else echo none; fi")
 # The tools the flow runs on a node. A missing one must be said as missing, with its install command,
 # not met later as a network fault ("ping failed: check the cable", "rsync ended with exit 127").
 FLOW_TOOLS = ("hf", "uvx", "rsync", "ping", "curl", "ss")
@@ -50,7 +57,10 @@ TOKEN_TEXT = (f'if [ -n "${{HF_TOKEN:-}}" ] || [ -s {_HF_DIR}/token ]; then echo
 GIDS_TEXT = ("grep -H . /sys/class/infiniband/*/ports/1/gids/* /sys/class/infiniband/*/ports/1/gid_attrs/types/* "
              "2>/dev/null")
 IMAGES_TEXT = "docker images --digests --format '{{json .}}'"
-DRIVER_TEXT = "docker info --format '{{.Driver}}'"
+# the store kind too: under Docker's containerd image store (Driver "overlayfs", DriverStatus driver-type
+# io.containerd.snapshotter.v1; Docker 29's default on new installs) an image's ID can change across
+# `docker save | docker load` (moby#48401, #47674, docker/cli#6670); a stock Spark capture shows overlay2.
+DRIVER_TEXT = "docker info --format '{{.Driver}} {{json .DriverStatus}}'"
 PORTS_TEXT = "ss -ltnp"
 # which container each GPU process belongs to: the first line of its cgroup names the scope
 CGROUP_TEXT = ("for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do "
@@ -59,7 +69,7 @@ CGROUP_TEXT = ("for p in $(nvidia-smi --query-compute-apps=pid --format=csv,nohe
 
 def recon_command(model: str) -> RemoteScript:
     sections: list[tuple[str, Any]] = [(n, SECTION_BY_NAME[n].shell()) for n in PROBE_SECTIONS]
-    sections += [("user", USER_TEXT), ("tools", TOOLS_TEXT), ("home", HOME_TEXT), ("disk", DISK_TEXT), ("token", TOKEN_TEXT), ("gids", GIDS_TEXT),
+    sections += [("user", USER_TEXT), ("sudo", SUDO_TEXT), ("tools", TOOLS_TEXT), ("home", HOME_TEXT), ("disk", DISK_TEXT), ("token", TOKEN_TEXT), ("gids", GIDS_TEXT),
                  ("images", IMAGES_TEXT), ("storage", DRIVER_TEXT), ("ports", PORTS_TEXT),
                  ("cgroups", CGROUP_TEXT), ("hub", hub_reachable(model))]
     return sectioned(sections, summary="read the node (recon)")
@@ -116,6 +126,10 @@ class NodeFacts:
     mem_available: int | None = None
     page_cache: int | None = None
     user: str | None = None  # the login user (``id -un``)
+    uid: int | None = None
+    gid: int | None = None
+    groups: list[str] = field(default_factory=list)  # ``id -Gn``: ``docker`` among them lets it use docker
+    sudo: str | None = None  # all | drop-caches | none (SUDO_TEXT); None: not read
     tools: dict[str, bool] = field(default_factory=dict)  # FLOW_TOOLS found on PATH (absent: not read)
     home: str | None = None
     hf_home: str | None = None
@@ -123,6 +137,7 @@ class NodeFacts:
     disk_mount: str | None = None
     docker: str | None = None
     storage_driver: str | None = None
+    image_store: str | None = None  # containerd | classic (the graph drivers: overlay2 ...); None: not read
     images: list[ImageFacts] = field(default_factory=list)
     containers: list[dict[str, Any]] = field(default_factory=list)
     holders: list[Holder] = field(default_factory=list)
@@ -162,6 +177,17 @@ class NodeFacts:
         want = normalize_image(ref)
         return next((i for i in self.images if normalize_image(i.ref) == want), None)
 
+    @property
+    def docker_denied(self) -> bool:
+        """The login user may not use docker: not root and not in the ``docker`` group (NVIDIA's
+        playbook: ``sudo usermod -aG docker $USER``, then ``newgrp docker``)."""
+        return bool(self.user) and self.user != "root" and bool(self.groups) and "docker" not in self.groups
+
+    def can_sudo(self, what: str = "all") -> bool:
+        """``sudo -n`` may run ``what`` here: ``all`` needs a rule for everything; ``drop-caches``
+        is allowed by that or by the narrow tee rule."""
+        return self.sudo == "all" or (what == "drop-caches" and self.sudo == "drop-caches")
+
     def holder_of_port(self, port: int) -> Listener | None:
         return next((x for x in self.listeners if x.port == port), None)
 
@@ -176,6 +202,21 @@ class NodeFacts:
         d["links"] = [LinkFacts(**x) for x in d.get("links") or []]
         d["listeners"] = [Listener(**x) for x in d.get("listeners") or []]
         return cls(**d)
+
+
+def parse_ids(text: str) -> tuple[str | None, int | None, int | None, list[str]]:
+    """``USER_TEXT``'s four lines (``id -un``, ``-u``, ``-g``, ``-Gn``) → user, uid, gid, groups;
+    plain ``id`` (a real Spark's line) gives all four too."""
+    m = re.search(r"uid=(\d+)\(([^)\s]+)\)\s+gid=(\d+)\([^)]*\)(?:\s+groups=(\S+))?", text)
+    if m:
+        groups = re.findall(r"\d+\(([^)]+)\)", m.group(4) or "")
+        return m.group(2), int(m.group(1)), int(m.group(3)), groups
+    lines = [x.strip() for x in text.splitlines()]
+    user = parse_login_user(lines[0] if lines else "")
+    uid = int(lines[1]) if len(lines) > 1 and lines[1].isdigit() else None
+    gid = int(lines[2]) if len(lines) > 2 and lines[2].isdigit() else None
+    groups = lines[3].split() if len(lines) > 3 and re.fullmatch(r"[\w.\- $]+", lines[3]) else []
+    return user, uid, gid, groups
 
 
 def parse_login_user(text: str) -> str | None:
@@ -257,6 +298,19 @@ def parse_images(text: str) -> list[ImageFacts]:
     return out
 
 
+def parse_storage(text: str) -> tuple[str | None, str | None]:
+    """``docker info --format '{{.Driver}} {{json .DriverStatus}}'`` → (driver, store kind):
+    ``overlayfs [["driver-type","io.containerd.snapshotter.v1"]]`` is the containerd image store,
+    ``overlay2 [["Backing Filesystem","extfs"],…]`` a classic graph driver."""
+    words = text.strip().split(None, 1)
+    if not words:
+        return None, None
+    driver = words[0]
+    rest = words[1] if len(words) > 1 else ""
+    store = "containerd" if "io.containerd.snapshotter" in rest or driver.startswith("io.containerd") else "classic"
+    return driver, store
+
+
 _SS = re.compile(r"^LISTEN\s+\d+\s+\d+\s+(\S+):(\d+)\s+\S+\s*(.*)$")
 _SS_USER = re.compile(r'\(\("([^"]+)",pid=(\d+)')
 
@@ -277,23 +331,38 @@ def parse_ss(text: str) -> list[Listener]:
 
 
 _SCOPE = re.compile(r"(?:docker[-/]|/)([0-9a-f]{64})(?:\.scope)?")
+_UNIT = re.compile(r"^0::/system\.slice/(?:[^/]+\.slice/)*([A-Za-z0-9:_.@-]+\.service)(?:/|$)")
 
 
 def parse_cgroups(text: str) -> dict[int, str]:
     """``PID 0::/system.slice/docker-<64 hex>.scope`` lines: GPU pid → full container id."""
-    out: dict[int, str] = {}
+    return {pid: owner for pid, (kind, owner) in parse_owners(text).items() if kind == "container"}
+
+
+def parse_owners(text: str) -> dict[int, tuple[str, str]]:
+    """Who owns each GPU process, from the first line of its cgroup: ``("container", <64 hex>)``
+    for a docker scope, ``("unit", "vllm-cluster.service")`` for a systemd service (Spark owners
+    run models as units too: the seed article stopped ``vllm-cluster`` and ``vllm-proxy``), and
+    nothing for a process in a login session (a host process: Ollama, ComfyUI started by hand)."""
+    out: dict[int, tuple[str, str]] = {}
     for line in text.splitlines():
         pid, _, rest = line.strip().partition(" ")
+        if not pid.isdigit():
+            continue
         m = _SCOPE.search(rest)
-        if pid.isdigit() and m:
-            out[int(pid)] = m.group(1)
+        u = _UNIT.match(rest.strip())
+        if m:
+            out[int(pid)] = ("container", m.group(1))
+        elif u and not u.group(1).startswith("docker"):
+            out[int(pid)] = ("unit", u.group(1))
     return out
 
 
-def _holders(sample: NodeSample, owners: dict[int, str]) -> list[Holder]:
+def _holders(sample: NodeSample, owners: dict[int, tuple[str, str]]) -> list[Holder]:
     """Memory per container (``docker stats``: its processes' host memory) and every GPU process
     (``--query-compute-apps``: on a Spark the engine's CUDA allocations, which docker stats does
-    not count), each GPU process tied to its container through its cgroup when that was read."""
+    not count), each GPU process tied to its container, or its systemd unit, through its cgroup
+    when that was read; one in neither is a host process (detail ``pid N``)."""
     out: list[Holder] = []
     ids: dict[str, str] = {}
     for c in sample.containers:
@@ -304,10 +373,10 @@ def _holders(sample: NodeSample, owners: dict[int, str]) -> list[Holder]:
         if c.id:
             ids[c.id] = c.name
     for p in sample.gpu_processes:
-        full = owners.get(int(p.pid or -1), "")
-        owner = next((name for short, name in ids.items() if full.startswith(short)), None)
-        out.append(Holder("process", p.name or f"pid {p.pid}", int(p.memory_mib or 0) << 20,
-                          detail=f"container {owner}" if owner else f"pid {p.pid}"))
+        kind, full = owners.get(int(p.pid or -1), ("", ""))
+        owner = next((name for short, name in ids.items() if kind == "container" and full.startswith(short)), None)
+        detail = f"container {owner}" if owner else f"unit {full}" if kind == "unit" else f"pid {p.pid}"
+        out.append(Holder("process", p.name or f"pid {p.pid}", int(p.memory_mib or 0) << 20, detail=detail))
     return out
 
 
@@ -327,8 +396,11 @@ def facts_from_output(node: str, stdout: str, now: float | None = None) -> NodeF
     f.docker = sample.host.docker_version
     f.containers = [{"name": c.name, "image": c.image, "state": c.state, "status": c.status,
                      "mem": c.mem_used_bytes, "cpu": c.cpu_pct} for c in sample.containers]
-    f.holders = _holders(sample, parse_cgroups(secs["cgroups"].text) if "cgroups" in secs else {})
-    f.user = parse_login_user(secs["user"].text) if "user" in secs else None
+    f.holders = _holders(sample, parse_owners(secs["cgroups"].text) if "cgroups" in secs else {})
+    if "user" in secs:
+        f.user, f.uid, f.gid, f.groups = parse_ids(secs["user"].text)
+    sudo = secs["sudo"].text.strip().splitlines()[-1:] if "sudo" in secs else []
+    f.sudo = sudo[0] if sudo and sudo[0] in ("all", "drop-caches", "none") else None
     f.tools = parse_tools(secs["tools"].text) if "tools" in secs else {}
     home = (secs["home"].text.splitlines() if "home" in secs else []) + ["", ""]
     f.home, f.hf_home = home[0].strip() or None, home[1].strip() or None
@@ -339,7 +411,7 @@ def facts_from_output(node: str, stdout: str, now: float | None = None) -> NodeF
     if "images" in secs:
         f.images = parse_images(secs["images"].text)
     if "storage" in secs and secs["storage"].rc == 0:
-        f.storage_driver = secs["storage"].text.strip() or None
+        f.storage_driver, f.image_store = parse_storage(secs["storage"].text)
     if "ports" in secs:
         f.listeners = parse_ss(secs["ports"].text)
     hub = secs.get("hub")

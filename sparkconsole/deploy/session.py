@@ -101,7 +101,8 @@ async def _run_step(flow: Flow, step: Step, on_plan) -> None:
     what the operator confirms; then (not plan-only) the same ``send`` sends it."""
     r = flow.runner
     r.set_step(step.id, "running")
-    why = await step.probe()
+    why = "the model is already served" if step.done_when_serving and await flow.serving() else None
+    why = why or await step.probe()
     if why:
         r.set_step(step.id, "skipped", why)
         return

@@ -164,10 +164,6 @@ class StateStore:
             except (OSError, ValueError, UserError):
                 continue
 
-    def latest_for(self, cluster: str) -> DeploymentState | None:
-        """The newest saved deployment on ``cluster`` (by name), or None (ids start with their UTC time)."""
-        return max((st for st in self.saved() if st.cluster == cluster), key=lambda st: st.id, default=None)
-
     def load(self, ident: str | None = None) -> DeploymentState:
         """A saved deployment; ``None``: the latest one."""
         if ident is None:

@@ -9,8 +9,9 @@ from typing import ClassVar
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.flow import Flow
 from sparkconsole.deploy.runner import StepFailed
+from sparkconsole.deploy.steps.memory import drop_page_cache
 from sparkconsole.probe.parsers import parse_docker_ps
-from sparkconsole.remote import command, docker_action, docker_rm_force, drop_caches, systemctl_action
+from sparkconsole.remote import command, docker_action, docker_rm_force, systemctl_action
 
 
 @dataclass
@@ -48,8 +49,7 @@ class Teardown:
                           Option("no", "leave them stopped", "")), "yes", "put the nodes back as they were")
             if await runner.decide(d) == "yes":
                 # the page cache the model's weights left would fail the services' own start-up memory check
-                for n in dict.fromkeys(s.node for s in runner.state.stopped):
-                    await runner.change(n, drop_caches())
+                await drop_page_cache(self.flow, list(dict.fromkeys(s.node for s in runner.state.stopped)))
                 for s in list(runner.state.stopped):
                     cmd = (docker_action("start", s.name) if s.kind == "container"
                            else systemctl_action("start", s.name))

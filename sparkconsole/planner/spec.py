@@ -28,6 +28,7 @@ import json
 import math
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -709,6 +710,36 @@ def load_hub(repo_id: str, offline: bool = False) -> ModelSpec:
     tmp.write_text(json.dumps(doc), encoding="utf-8")
     tmp.replace(path)
     return _from_cache_doc(doc, repo_id, "huggingface_hub (headers only)")
+
+
+def spec_from_hub_files(repo_id: str, config_text: str, index_text: str | None, where: str) -> ModelSpec:
+    """A spec from the Hub's ``config.json`` (and ``model.safetensors.index.json`` when there is
+    one) as a node read them (the laptop may have no route to the Hub while a Spark does); cached
+    like a laptop fetch, so ``plan`` and later runs find it offline. The index gives the checkpoint's
+    size and whether it holds MTP or vision weights, not the per-tensor bytes a header read gives."""
+    try:
+        config = json.loads(config_text)
+    except ValueError:
+        raise UserError(f"{repo_id}: the Hub's config.json read through {where} is not JSON") from None
+    geometry_from_config(config, f"{repo_id}: config.json")  # a bad config fails here, with its reason
+    st = None
+    if index_text:
+        with tempfile.TemporaryDirectory() as tmp:
+            idx_path = Path(tmp) / "model.safetensors.index.json"
+            idx_path.write_text(index_text, encoding="utf-8")
+            try:
+                ck = _index_info(idx_path)
+                st = {"total_size": ck.total_size, "has_mtp": ck.has_mtp, "has_visual": ck.has_visual,
+                      "tensor_bytes": None}
+            except UserError:
+                st = None
+    doc = {"schema": CACHE_SCHEMA, "repo_id": repo_id, "config": config, "safetensors": st}
+    path = cache_path(repo_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_file = path.with_suffix(".tmp")
+    tmp_file.write_text(json.dumps(doc), encoding="utf-8")
+    tmp_file.replace(path)
+    return _from_cache_doc(doc, repo_id, f"the Hub through {where} (config + index)")
 
 
 # ---------------------------------------------------------------------------------------------

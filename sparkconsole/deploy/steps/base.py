@@ -28,6 +28,7 @@ class Step:
     # Traits: what differs between steps is declared here, never tested by name in the runner.
     rerun_when_done = False  # probed and run again on --resume even when it finished before
     decisions: tuple[str, ...] = ()  # the ids of the decisions this step may ask
+    done_when_serving = False  # skipped when the head already serves this deployment's model (a resume)
 
     def __init__(self, flow: Flow) -> None:
         self.flow = flow  # the options, the nodes and their facts, the plan: what the steps share

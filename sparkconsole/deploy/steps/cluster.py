@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+from sparkconsole.deploy import exits
 from sparkconsole.deploy.decisions import Decision, Option
-from sparkconsole.deploy.runner import StepFailed
+from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.deploy.state import Started
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.probe.parsers import parse_ray_status
@@ -27,19 +28,44 @@ DOCKER_OPTS = ["--network", "host", "--ipc", "host", "--gpus", "all", "--device"
 class Cluster(Step):
     id, title = "cluster", "Ray head and workers, every GPU seen"
     decisions = ("cluster.executor",)
+    done_when_serving = True
     _cpus = 0.0  # what the last `ray status` read counted
+    _states: dict[str, exits.ContainerState | None] = {}  # node -> its Ray container, as the probe read it
+
+    def _image_has_ray(self) -> bool | None:
+        """What the engine check read: the image's ``ray`` module and command (None: not asked)."""
+        check = (self.flow.plan.engine_checks or {}).get(self.flow.image) or {}
+        clis, versions = check.get("clis") or {}, check.get("versions") or {}
+        if "ray" not in clis and "ray" not in versions:
+            return None
+        return bool(clis.get("ray")) and bool(versions.get("ray"))
 
     async def decide(self) -> None:
         if self.flow.engine == "sglang":
             self.flow.update(executor="native")
             return
+        has_ray = self._image_has_ray()
+        ray_why = ("what the story's working run used; `ray status` proves every GPU joined before serving"
+                   if has_ray is not False else
+                   f"{self.flow.image} has no Ray (NGC 26.05 and vLLM images from about 0.19 ship without it): "
+                   "`ray start` would fail with \"ray\": executable file not found")
+        options = [Option("ray", "Ray head and workers in containers", ray_why),
+                   Option("native", "vLLM native --nnodes/--node-rank/--headless", "no Ray; workers start first")]
+        if has_ray is False:
+            options.append(Option("back-engine", "choose another image (one with Ray)",
+                                  "back to the engine step: a vllm/vllm-openai -cu130 tag or NGC 26.03 has Ray"))
+        rec = self.flow.options.executor or ("native" if has_ray is False else "ray")
+        why = ("Ray is what NVIDIA's playbook and the story's working run use" if has_ray is not False else
+               "the image has no Ray; vLLM's native multi-node needs none")
         d = Decision("cluster.executor", self.id, "How the nodes join: Ray or vLLM's native multi-node",
-                     (f"{len(self.flow.nodes)} nodes, TP={self.flow.plan.tp}",),
-                     (Option("ray", "Ray head and workers in containers", "what the story's working run used; "
-                             "`ray status` proves every GPU joined before serving"),
-                      Option("native", "vLLM native --nnodes/--node-rank/--headless", "no Ray; workers start first")),
-                     self.flow.options.executor or "ray", "Ray is what NVIDIA's playbook and the story's working run use")
-        self.flow.update(executor=await self.runner.decide(d))
+                     (f"{len(self.flow.nodes)} nodes, TP={self.flow.plan.tp}",
+                      f"{self.flow.image}: Ray " + {True: "present", False: "ABSENT", None: "not checked"}[has_ray]),
+                     tuple(options), rec, why)
+        answer = await self.runner.decide(d)
+        if answer == "back-engine":
+            self.runner.forget("engine.image", *self.decisions)
+            raise GoTo("engine", "the image has no Ray")
+        self.flow.update(executor=answer)
 
     def _ray_cmd(self, n: str) -> RemoteCommand:
         flow = self.flow
@@ -80,12 +106,14 @@ class Cluster(Step):
     async def probe(self) -> str | None:
         if len(self.flow.nodes) < 2:
             return "one node: no cluster to form"
-        if await self.flow.serving():
-            return "the model is already served"
         if self.flow.plan.executor == "ray" and any("-ray-" in s.name for s in self.runner.state.started):
             nodes, gpus = await self._status()
             if nodes >= len(self.flow.nodes) and gpus >= self._gpus_wanted():
                 return f"Ray is up: {nodes} nodes, {gpus:g} GPUs"
+        # what send decides from (its rehearsal then reads nothing): each node's Ray container, if any
+        name = self.flow.container("ray")
+        self._states = dict(zip(self.flow.nodes, await self.runner.on_all(
+            self.flow.nodes, lambda n: self.flow.inspect(n, name)), strict=True))
         return None
 
     async def send(self) -> None:
@@ -97,7 +125,7 @@ class Cluster(Step):
         for n in flow.nodes:
             # the name carries this deployment's id: a container of that name is ours (a run killed
             # between `docker run` and saving the state left it unrecorded)
-            st = await self.flow.inspect(n, name)
+            st = self._states[n] if n in self._states else await self.flow.inspect(n, name)
             ours = any(s.node == n and s.name == name for s in self.runner.state.started)
             if st is not None and st.status == "running":
                 if not ours:
@@ -108,7 +136,11 @@ class Cluster(Step):
                 await self.runner.change(n, docker_rm_force(name))
             res = await self.runner.change(n, self._ray_cmd(n), timeout=300)
             if not res.ok:
-                raise StepFailed(f"{n}: the Ray container did not start: {res.stderr.strip()[-300:]}",
+                err = res.stderr.strip()
+                if "executable file not found" in err or "ray: not found" in err:
+                    raise StepFailed(f"{n}: {flow.image} has no Ray (\"ray\": executable file not found)",
+                                     "--resume and answer cluster.executor=native, or choose an image with Ray")
+                raise StepFailed(f"{n}: the Ray container did not start: {err[-300:]}",
                                  "check the port is free (ss -ltnp) and the image has Ray")
             if not ours:
                 self.runner.state.started.append(Started(n, "container", name, res.stdout.strip()[:64]))

@@ -22,11 +22,13 @@ class Engine(Step):
 
     async def _check(self, node: str, image: str) -> engines.EngineFacts:
         archs = tuple(self.flow.spec.geometry.architectures) or engines.QWEN35[:1]
-        cmd = python_in_image(image, engines.engine_program(archs))
+        # with the GPU where recon read one: only then can torch say whether its build has kernels for it
+        cmd = python_in_image(image, engines.engine_program(archs), gpus=bool(self.flow.fact(node).gpu))
         res = await self.runner.read(node, cmd, timeout=180)
         ef = engines.parse_engine_output(image, res.stdout + res.stderr, res.exit_status)
         checked = dict(self.flow.plan.engine_checks or {})
-        checked[image] = {"versions": ef.versions, "archs": ef.archs, "error": ef.error}
+        checked[image] = {"versions": ef.versions, "archs": ef.archs, "error": ef.error, "clis": ef.clis,
+                          "cuda": ef.cuda, "device": ef.device, "cuda_archs": list(ef.cuda_archs)}
         self.flow.update(engine_checks=checked)
         return ef
 
@@ -48,10 +50,12 @@ class Engine(Step):
                 measured.append(f"{img}: could not run its Python ({ef.error})")
                 continue
             knows = ef.knows(arch)
+            gpu = ef.gpu_verdict()
             measured.append(f"{img}: vLLM {ef.vllm or '-'}, transformers {ef.versions.get('transformers') or '-'}"
                             f", SGLang {ef.versions.get('sglang') or '-'}: {arch} "
-                            f"{'registered' if knows else 'NOT registered' if knows is False else 'unknown'}")
-            if knows and ef.vllm:  # an SGLang image is offered as the SGLang engine, below
+                            f"{'registered' if knows else 'NOT registered' if knows is False else 'unknown'}; "
+                            + _build_words(ef))
+            if knows and ef.vllm and gpu is None:  # an SGLang image is offered as the SGLang engine, below
                 good.append((engines.version_tuple(ef.vllm), img))
         options = [Option(img, f"{img} (on the nodes, knows {arch})", "already here: nothing to pull",
                           payload=ImageChoice("vllm", img)) for _, img in sorted(good, reverse=True)]
@@ -97,16 +101,23 @@ class Engine(Step):
         img = flow.image
         arch = (flow.spec.geometry.architectures or ["?"])[0]
         ef = await self._check(self._holder(img), img)
-        if ef.error or not ef.knows(arch):
+        gpu = ef.gpu_verdict()
+        if ef.error or not ef.knows(arch) or gpu:
             self.runner.forget("engine.image")
-            why = (f"its Python could not be run ({ef.error})" if ef.error else
+            why = (f"its Python could not be run ({ef.error})" if ef.error else gpu if gpu else
                    f"its {flow.engine} ({ef.vllm or ef.versions.get('sglang') or '-'}) does not register {arch}")
             raise StepFailed(f"{img}: {why}", "choose another image: --resume and answer engine.image, or --image IMG")
         ident = next((i.id for x in flow.facts.values() for i in x.images if normalize_image(i.ref) == normalize_image(img)),
                      "")
         flow.update(image_id=ident)
         self.runner.note(f"{img}: vLLM {ef.vllm or '-'}, SGLang {ef.versions.get('sglang') or '-'}, "
-                    f"{arch} registered; image ID {ident[:19]}")
+                    f"{arch} registered; {_build_words(ef)}; image ID {ident[:19]}")
+        if flow.engine == "vllm" and ef.has("ray") is False and flow.executor == "ray":
+            self.runner.note(f"{img} has no Ray (NGC 26.05 and vLLM images from about 0.19 ship without it): the "
+                             "cluster step offers vLLM's native multi-node instead", "warning")
+        if ef.cuda and engines.version_tuple(ef.cuda) < (13,):
+            self.runner.note(f"{img} is a CUDA {ef.cuda} build: vLLM's Blackwell recipe names the -cu130 tags "
+                             "(from 0.20 the plain tag is CUDA 13)", "warning")
         if flow.engine == "vllm" and ef.vllm:
             self._replan(ef.vllm)
 
@@ -127,3 +138,18 @@ class Engine(Step):
         flow.update(plan_fits=bool(row["fits"]))
         self.runner.note(f"re-plan for the image's vLLM {version}: {row['kv_cache_gib_per_node']:.1f} GiB KV per node, "
                     f"{row['max_concurrency']:.1f}x concurrency at {row['max_model_len']:,} tokens; {row['headline']}")
+
+
+def _build_words(ef: engines.EngineFacts) -> str:
+    """The image's build in words: its torch's CUDA, the GPU it ran on and whether it has kernels
+    for it, and whether it has Ray (NGC 26.05 has none)."""
+    gpu = ef.gpu_verdict()
+    parts = [f"torch CUDA {ef.cuda or '?'}"]
+    if ef.device:
+        parts.append(f"GPU sm_{ef.device.replace('.', '')}: " + ("NO kernels" if gpu else "kernels present"))
+    else:
+        parts.append("no GPU in the check")
+    ray = ef.has("ray")
+    if ray is not None:
+        parts.append("Ray " + ((ef.versions.get("ray") or "present") if ray else "absent"))
+    return ", ".join(parts)

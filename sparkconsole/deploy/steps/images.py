@@ -1,4 +1,8 @@
-"""Images: the engine's image on every node with the same ID (a pull, or docker save | ssh docker load)."""
+"""Images: the engine's image on every node with the same layers (a pull, or docker save | ssh docker load).
+
+Layers, not IDs: under Docker's containerd image store (Docker 29's default on new installs) an image's
+ID can change across ``docker save | docker load`` when one platform is exported (moby#48401, #47674,
+docker/cli#6670), while ``.RootFS.Layers`` (the uncompressed layer digests) stay what they were."""
 
 from __future__ import annotations
 
@@ -11,31 +15,35 @@ from sparkconsole.deploy.steps.base import Step
 from sparkconsole.remote import (
     docker_pull,
     image_copy,
-    image_id,
+    image_layers,
 )
 
 
 class Images(Step):
-    id, title = "images", "The image on every node, with the same ID"
+    id, title = "images", "The image on every node, with the same layers"
+    _layers: dict[str, str] = {}  # node -> its layers as `docker image inspect` printed them ("" absent)
 
     def _missing(self) -> list[str]:
         return [n for n in self.flow.nodes if self.flow.fact(n).image(self.flow.image) is None]
 
     async def probe(self) -> str | None:
-        ids = await self._ids()
+        self._layers = await self._read_layers()
+        ids = self._layers
         if all(ids.get(n) for n in self.flow.nodes) and len(set(ids.values())) == 1:
-            return f"{self.flow.image} is on every node ({next(iter(ids.values()))[:19]})"
+            return f"{self.flow.image} is on every node (the same {_count(ids)} layers)"
         return None
 
-    async def _ids(self) -> dict[str, str]:
+    async def _read_layers(self) -> dict[str, str]:
         async def one(n: str) -> tuple[str, str]:
-            res = await self.runner.read(n, image_id(self.flow.image), timeout=30)
-            return n, res.stdout.strip() if res.ok else ""
+            res = await self.runner.read(n, image_layers(self.flow.image), timeout=30)
+            text = res.stdout.strip()
+            return n, text if res.ok and text.startswith("[") else ""
         return dict(await self.runner.on_all(self.flow.nodes, one))
 
     async def send(self) -> None:
-        """A pull where the node reaches the internet, else a copy from a node that has the image."""
-        ids = await self._ids()
+        """A pull where the node reaches the internet, else a copy from a node that has the image
+        (what the probe read decides: the rehearsal and the send read nothing twice)."""
+        ids = self._layers or await self._read_layers()
         have = [n for n, i in ids.items() if i]
         if not have:
             raise StepFailed(f"{self.flow.image} is on no node", "go back to the engine step (--resume)")
@@ -65,9 +73,17 @@ class Images(Step):
         await asyncio.gather(*(wait(n, job) for n, job in self._copies.items()))
 
     async def verify(self) -> None:
-        ids = await self._ids()
+        ids = await self._read_layers()
         if not all(ids.values()) or len(set(ids.values())) != 1:
-            desc = ", ".join(f"{n} {i[:19] or 'missing'}" for n, i in ids.items())
-            raise StepFailed(f"image IDs differ or are missing: {desc}",
-                             "use the same storage driver on every node (docker info) and copy again")
-        self.runner.note(f"{self.flow.image}: the same ID {next(iter(ids.values()))[:19]} on every node")
+            desc = ", ".join(f"{n} {_count({n: i}) if i else 'missing'}" for n, i in ids.items())
+            raise StepFailed(f"the image's layers differ or are missing: {desc}",
+                             "copy it again (--resume); if it still differs, pull it on each node")
+        stores = {self.flow.fact(n).image_store for n in self.flow.nodes if n in self.flow.facts}
+        self.runner.note(f"{self.flow.image}: the same {_count(ids)} layers on every node"
+                         + (" (image IDs may differ: containerd image store)" if "containerd" in stores else ""))
+
+
+def _count(layers: dict[str, str]) -> str:
+    """How many layers the one listing in ``layers`` names (its digests, not the text)."""
+    text = next(iter(layers.values()), "")
+    return str(text.count("sha256:"))

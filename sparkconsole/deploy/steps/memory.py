@@ -6,22 +6,23 @@ from __future__ import annotations
 from sparkconsole.deploy import freeing
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.deployment_plan import Stop, parse_stops
-from sparkconsole.deploy.flow import GIB
-from sparkconsole.deploy.runner import Runner, StepFailed
+from sparkconsole.deploy.flow import GIB, Flow
+from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.state import Stopped
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.remote import (
     docker_action,
     drop_caches,
+    drop_caches_rule,
+    kill_process,
+    systemctl_action,
 )
 
 
 class FreeMemory(Step):
     id, title = "free-memory", "Free the memory the plan needs"
     decisions = ("free-memory.stop",)
-
-    async def probe(self) -> str | None:
-        return "the model is already served" if await self.flow.serving() else None
+    done_when_serving = True
 
     async def decide(self) -> None:
         flow = self.flow
@@ -30,13 +31,14 @@ class FreeMemory(Step):
         choices = {n: freeing.choose(facts[n], need.get(n, 0)) for n in flow.nodes}
         measured = []
         for n, c in choices.items():
-            held = freeing.container_bytes(facts[n])
+            held = freeing.service_bytes(facts[n])
             items = ", ".join(f"{k} {b / GIB:.1f} GiB" for k, b in sorted(held.items(), key=lambda kv: -kv[1]))
             measured.append(f"{n}: {c.available / GIB:.1f} GiB available, {c.need / GIB:.1f} GiB needed; "
                             f"running: {items or 'nothing'}; page cache {(facts[n].page_cache or 0) / GIB:.1f} GiB")
         rec_stops = [Stop(n, s) for n, c in choices.items() for s in c.stop]
         rec = ",".join(x.value for x in rec_stops) or "none"
-        every = [Stop(n, s) for n in flow.nodes for s in sorted(freeing.container_bytes(facts[n]))]
+        every = [Stop(n, s) for n in flow.nodes for s in sorted(freeing.service_bytes(facts[n]))
+                 if not freeing.needs_sudo(s) or facts[n].can_sudo()]
         options = [Option(rec, "stop " + (", ".join(x.value for x in rec_stops) or "nothing"),
                           "the smallest set that makes the plan fit; the rest keeps serving", payload=rec_stops)]
         if every and ",".join(x.value for x in every) != rec:
@@ -54,11 +56,21 @@ class FreeMemory(Step):
     async def send(self) -> None:
         for stop in self.flow.plan.stops:
             n, name = stop.node, stop.name
-            res = await self.runner.change(n, docker_action("stop", name), key=f"stop {n} {name}")
+            kind, _, what = name.partition(":") if ":" in name else ("container", "", name)
+            if kind == "unit":
+                cmd = systemctl_action("stop", what)
+            elif kind == "pid":
+                cmd = kill_process(int(what))
+            else:
+                cmd = docker_action("stop", what)
+            res = await self.runner.change(n, cmd, key=f"stop {n} {name}")
             if not res.ok:
-                raise StepFailed(f"{n}: docker stop {name} failed: {res.stderr.strip()[-200:]}")
-            if not any(s.node == n and s.name == name for s in self.runner.state.stopped):
-                self.runner.state.stopped.append(Stopped(n, "container", name))
+                fix = ("allow the login user `sudo systemctl stop` on that node, or stop it by hand; then --resume"
+                       if kind == "unit" else "")
+                raise StepFailed(f"{n}: stopping {name} failed: {res.stderr.strip()[-200:]}", fix)
+            if kind != "pid" and not any(s.node == n and s.name == what for s in self.runner.state.stopped):
+                # a killed host process cannot be started again; a container or a unit can (teardown)
+                self.runner.state.stopped.append(Stopped(n, "unit" if kind == "unit" else "container", what))
                 self.runner.save()
 
     async def verify(self) -> None:
@@ -76,30 +88,53 @@ class FreeMemory(Step):
 class Caches(Step):
     id, title = "caches", "Drop the page cache right before launch"
     decisions = ("caches.drop",)
-
-    async def probe(self) -> str | None:
-        return "the model is already served" if await self.flow.serving() else None
+    done_when_serving = True
 
     async def decide(self) -> None:
-        facts = self.flow.facts
-        cache = {n: (facts[n].page_cache or 0) / GIB for n in self.flow.nodes}
-        d = Decision("caches.drop", self.id, "Drop the page cache on every node (sudo)",
-                     tuple(f"{n}: {c:.1f} GiB of page cache" for n, c in cache.items()),
-                     (Option("yes", "drop it now", "vLLM's start-up check counts only free memory"),
-                      Option("no", "leave it", "the start may fail its free-memory check")),
-                     "yes", "the weights just read and copied sit in the page cache, which vLLM does not count "
-                     "as free (vllm#35313)")
-        self.flow.update(drop=await self.runner.decide(d) == "yes")
+        """Drop where ``sudo -n`` may (recon's ``sudo -n true`` / ``sudo -n -l`` of the tee rule); a
+        stock node has neither, so there the choice is to go on without dropping (vLLM's check may
+        then count the weights' page cache as used) or to stop and add the narrow rule, printed."""
+        flow = self.flow
+        facts = flow.facts
+        cache = {n: (facts[n].page_cache or 0) / GIB for n in flow.nodes}
+        denied = [n for n in flow.nodes if not facts[n].can_sudo("drop-caches")]
+        measured = [f"{n}: {c:.1f} GiB of page cache" + ("; sudo -n needs a password here" if n in denied else "")
+                    for n, c in cache.items()]
+        if not denied:
+            d = Decision("caches.drop", self.id, "Drop the page cache on every node (sudo)", tuple(measured),
+                         (Option("yes", "drop it now", "vLLM's start-up check counts only free memory"),
+                          Option("no", "leave it", "the start may fail its free-memory check")),
+                         "yes", "the weights just read and copied sit in the page cache, which vLLM does not count "
+                         "as free (vllm#35313)")
+            flow.update(drop=await self.runner.decide(d) == "yes")
+            return
+        rules = "; ".join(f"on {n}: {drop_caches_rule(facts[n].user or 'USER')}" for n in denied)
+        can = [n for n in flow.nodes if n not in denied]
+        d = Decision("caches.drop", self.id, "Drop the page cache: sudo needs a password on "
+                     + ", ".join(denied), tuple(measured),
+                     (Option("go-on", "go on without dropping" + (f" on {', '.join(denied)}" if can else ""),
+                             "vLLM's check counts the page cache as used; the free-memory step left room"
+                             + (f"; dropped on {', '.join(can)}" if can else "")),
+                      Option("stop", "stop here and allow the drop", f"add the narrow sudoers rule sparkrun uses "
+                             f"(tee to drop_caches only): {rules}; then --resume")),
+                     "go-on", "the console never types a password; the narrow rule lets it drop the cache and "
+                     "nothing else")
+        if await self.runner.decide(d) == "stop":
+            raise StepFailed("stopped to allow dropping the page cache", rules + "; then --resume")
+        flow.update(drop=bool(can))
 
     async def send(self) -> None:
         if self.flow.plan.drop:
-            await drop_page_cache(self.runner, self.flow.nodes)
+            await drop_page_cache(self.flow, self.flow.nodes)
 
 
-async def drop_page_cache(r: Runner, nodes: list[str]) -> None:
-    """``sync; echo 3 > drop_caches`` on ``nodes`` through the runner (shown, journaled)."""
+async def drop_page_cache(flow: Flow, nodes: list[str]) -> None:
+    """``sync; echo 3 | sudo -n tee drop_caches`` on those of ``nodes`` where recon found sudo may
+    run it, through the runner (shown, journaled); the others are left as they are."""
     for n in nodes:
-        res = await r.change(n, drop_caches())
+        if n in flow.facts and not flow.fact(n).can_sudo("drop-caches"):
+            continue
+        res = await flow.runner.change(n, drop_caches())
         if not res.ok:
             raise StepFailed(f"{n}: dropping the page cache failed: {res.stderr.strip()[-200:]}",
-                             "allow `sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'` for this user")
+                             "allow it with the narrow sudoers rule: " + drop_caches_rule("USER"))

@@ -63,7 +63,7 @@ class Plan(Step):
         node_gib = min(_cuda_total(x) for x in facts.values()) / GIB
         # gmu as memory will be once free-memory has run: at most what stopping every running service
         # frees on the tightest node (vLLM checks free >= gmu x total at start), at most 0.85 (GB10 practice)
-        best = min((x.mem_available or 0) + sum(freeing.container_bytes(x).values()) for x in facts.values())
+        best = min((x.mem_available or 0) + sum(freeing.service_bytes(x).values()) for x in facts.values())
         room = math.floor(100 * (best - LAUNCH_MARGIN) / (node_gib * GIB)) / 100
         gmu = float(flow.plan.gmu_override or min(0.85, max(0.5, room)))
         if gmu < 0.85 and not flow.plan.gmu_override:

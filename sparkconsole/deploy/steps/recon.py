@@ -30,10 +30,32 @@ class Recon(Step):
                         f"HF token {'present' if f.token else 'absent'}", node=f.node)
             for tool in missing_tools(f):
                 self.runner.note(f"{tool} is not installed: {INSTALL[tool]}", "warning", node=f.node)
+            self._access(f)
+        await self.flow.find_spec()
+        self.flow.spec  # noqa: B018 - a model whose config cannot be read stops here, with the reason
         drivers = {f.driver for f in got.values() if f.driver}
         if len(drivers) > 1:
             self.runner.note(f"driver versions differ between nodes: {', '.join(sorted(drivers))}", "warning")
         return None
+
+
+    def _access(self, f: NodeFacts) -> None:
+        """What the login user may do: docker (a stock user is in its group; one who is not cannot
+        deploy), sudo without a password (stock: none, so nothing required needs it), and whether
+        the ports the flow will open are free."""
+        if f.docker_denied:
+            raise StepFailed(f"{f.node}: {f.user} is not in the docker group, so docker refuses it",
+                             f"on {f.node}: `sudo usermod -aG docker {f.user}`, then log in again (or `newgrp "
+                             "docker`); then --resume")
+        if f.sudo == "none":
+            self.runner.note(f"sudo needs a password for {f.user or 'the login user'}: the page cache is dropped "
+                             "only where a rule allows it (the caches step says how)", node=f.node)
+        ports = {6379: "Ray", self.flow.options.port: "the engine's API"}
+        for port, what in ports.items():
+            held = f.holder_of_port(port)
+            if held is not None:
+                self.runner.note(f"port {port} ({what}) is taken by {held.process or 'another process'}"
+                                 f"{f' (pid {held.pid})' if held.pid else ''}", "warning", node=f.node)
 
 
 def missing_tools(facts: NodeFacts) -> list[str]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
-from sparkconsole.deploy import engines, exits
+from sparkconsole.deploy import engines, exits, netenv
 from sparkconsole.deploy.calibrate import from_log as serve_calibration
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.flow import GIB
@@ -17,7 +18,6 @@ from sparkconsole.deploy.steps.cluster import DOCKER_OPTS
 from sparkconsole.deploy.steps.memory import drop_page_cache
 from sparkconsole.logs.vllm import VllmLogTracker
 from sparkconsole.planner.plan import PlanOptions
-from sparkconsole.planner.spec import load_spec
 from sparkconsole.remote import (
     RemoteCommand,
     command,
@@ -27,7 +27,13 @@ from sparkconsole.remote import (
     file_from,
     mkdir_p,
     serve_in_container,
+    write_in_container,
 )
+
+# VLLM_CONFIG_ROOT's default in a root container (~/.config/vllm): vllm/ray/ray_env.py reads
+# ray_non_carry_over_env_vars.json there
+VLLM_CONFIG_ROOT = "/root/.config/vllm"
+NON_CARRY_OVER = f"{VLLM_CONFIG_ROOT}/ray_non_carry_over_env_vars.json"
 
 
 class Serve(Step):
@@ -55,7 +61,7 @@ class Serve(Step):
 
     def _commands(self) -> list[tuple[str, RemoteCommand]]:
         flow = self.flow
-        env = [("VLLM_ENGINE_READY_TIMEOUT_S", "3600")]
+        env = [("VLLM_ENGINE_READY_TIMEOUT_S", "3600"), ("VLLM_CONFIG_ROOT", VLLM_CONFIG_ROOT)]
         if flow.engine == "sglang":
             out = []
             for rank, n in reversed(list(enumerate(flow.nodes))):
@@ -69,7 +75,10 @@ class Serve(Step):
                                           summary=f"start SGLang rank {rank} on {n}")))
             return out
         if flow.executor == "single":
-            return [(flow.head, docker_run(flow.container("vllm"), flow.image, options=DOCKER_OPTS, args=self._vllm_args(),
+            # every launch names its entrypoint: only vllm/vllm-openai's own is `vllm serve`; NGC's is
+            # /opt/nvidia/nvidia_entrypoint.sh, which would take the model id for a command to exec
+            return [(flow.head, docker_run(flow.container("vllm"), flow.image, options=DOCKER_OPTS, entrypoint="vllm",
+                                        args=["serve", *self._vllm_args()],
                                         env=[*flow.env(flow.head), *env] if len(self.runner.nodes) > 1 else env,
                                         mounts=[(flow.fact(flow.head).hf_dir, "/root/.cache/huggingface")],
                                         summary=f"start vLLM (TP=1) on {flow.head}"))]
@@ -80,7 +89,8 @@ class Serve(Step):
                         "--node-rank", str(rank), "--master-addr", flow.ip(flow.head), "--master-port", "29501"]
                 if rank:
                     args.append("--headless")
-                out.append((n, docker_run(flow.container("vllm"), flow.image, options=DOCKER_OPTS, args=args,
+                out.append((n, docker_run(flow.container("vllm"), flow.image, options=DOCKER_OPTS, entrypoint="vllm",
+                                          args=["serve", *args],
                                           env=[*flow.env(n), *env], mounts=[(flow.fact(n).hf_dir, "/root/.cache/huggingface")],
                                           summary=f"start vLLM rank {rank} on {n}")))
             return out
@@ -98,6 +108,15 @@ class Serve(Step):
         if flow.executor == "ray" and flow.engine == "vllm":
             await self.runner.change(flow.head, mkdir_p(f"{flow.fact(flow.head).hf_dir}/sparkconsole/{self.runner.state.short_id}"),
                                 key="mkdir serve log")
+            keep = netenv.not_carried([flow.env(n) for n in flow.nodes])
+            if keep:
+                # vLLM >= 0.17 copies the driver's NCCL_*/UCX_*/VLLM_*/HF_* to every Ray worker (PR
+                # #34383), over each worker's own values; names in this file are not copied. It is read
+                # when `vllm serve` imports vllm.ray.ray_env, so it is written before the start.
+                await self.runner.change(flow.head, write_in_container(
+                    flow.container("ray"), NON_CARRY_OVER, json.dumps(keep),
+                    summary=f"keep each node's own {', '.join(keep)} (vLLM's Ray env carry-over)"),
+                    key="ray non-carry-over")
         for n, cmd in self._commands():
             key = f"serve {n} {self.runner.state.steps.get('serve-attempt', '1')}"
             res = await self.runner.change(n, cmd, timeout=300, key=key)
@@ -225,8 +244,8 @@ class Serve(Step):
     def _calibrate(self) -> None:
         """Plan notes from the start's own figures (deploy/calibrate.py); kept for a re-plan."""
         try:
-            spec = load_spec(self.flow.options.model, offline=True)
-        except Exception:
+            spec = self.flow.spec
+        except StepFailed:
             return
         opts = PlanOptions(tp=int(self.flow.plan.tp or 1), max_model_len=self.flow.plan.max_model_len,
                            gpu_memory_utilization=float(self.flow.plan.gmu or 0.85), force=True,
@@ -301,7 +320,7 @@ class Serve(Step):
         when the operator had it dropped before launch: the shards the killed start read sit there, and
         vLLM's start-up check counts only free memory (a retry failed it by 0.3-0.9 GiB on the demo)."""
         if self.flow.plan.drop:
-            await drop_page_cache(self.runner, self.flow.nodes)
+            await drop_page_cache(self.flow, self.flow.nodes)
         if self.flow.executor == "ray" and self.flow.engine == "vllm":
             for s in [s for s in self.runner.state.started if s.name == self.flow.container("ray")]:
                 await self.runner.change(s.node, docker_rm_force(s.name))

@@ -20,10 +20,12 @@ from sparkconsole.remote import (
     RemoteCommand,
     command,
     hf_download,
+    hf_download_in_image,
     hub_tree,
     mkdir_p,
     rsync_dir,
     stream_copy,
+    uvx_hf_download,
 )
 
 if TYPE_CHECKING:
@@ -88,6 +90,7 @@ class Weights(Step):
         if not hub:
             return None
         verdicts = await self.runner.on_all(self.flow.nodes, lambda n: self._verify_node(n, hub))
+        self._verdicts = {v.node: v for v in verdicts}  # send decides from these: its rehearsal reads nothing
         if all(v.complete for v in verdicts):
             return "already on every node: " + "; ".join(f"{v.node} {v.summary()}" for v in verdicts)
         return None
@@ -98,6 +101,23 @@ class Weights(Step):
             if done.get(n):
                 return n
         return next((n for n in self.flow.nodes if self.flow.fact(n).hub), None)
+
+    def _download_cmd(self, src: str) -> RemoteCommand:
+        """``hf download`` where the tool is on ``src``: the host's ``hf``, else ``uvx hf``, else the
+        engine image's own ``hf`` (a stock Spark has neither on the host: NVIDIA's playbooks run the
+        download in the vLLM container); none of them: stop with how to get one."""
+        flow, f = self.flow, self.flow.fact(src)
+        if f.tools.get("hf") is not False:  # present, or not read (an older recon): the host's
+            return hf_download(flow.options.model)
+        if f.tools.get("uvx"):
+            return uvx_hf_download(flow.options.model)
+        check = (flow.plan.engine_checks or {}).get(flow.image) or {}
+        if f.image(flow.image) is not None and (check.get("clis") or {}).get("hf"):
+            owner = (f.uid, f.gid) if f.uid is not None and f.gid is not None and f.uid != 0 else None
+            return hf_download_in_image(flow.image, flow.options.model, f.hf_dir, owner,
+                                        flow.container("download"))
+        raise StepFailed(f"{src}: no `hf` to download with: not on the host, no uvx, and {flow.image or 'the image'} "
+                         f"{'has none' if check else 'is not on this node'}", f"on {src}: {INSTALL['hf']}; then --resume")
 
     def _copy_cmd(self, src: str, n: str, streamed: bool) -> RemoteCommand:
         """The copy to ``n``: beside a running download, each file as soon as it is whole (then a
@@ -126,18 +146,18 @@ class Weights(Step):
                 if missing_tool(flow.fact(end), "rsync"):
                     raise StepFailed(f"{end}: rsync is not installed (the copy to {n} runs it on both ends)",
                                      f"on {end}: {INSTALL['rsync']}; then --resume")
-        v = await self._verify_node(src, hub)
+        v = self._verdicts.get(src) or await self._verify_node(src, hub)
         self._download: Job | None = None
         self._downloaded = 1.0
         if not v.complete:
             self._downloaded = 0.0
-            self._download = await self.runner.start_job(src, "weights-download", hf_download(flow.options.model),
+            self._download = await self.runner.start_job(src, "weights-download", self._download_cmd(src),
                                                          flow.job_dir(src))
         # the copies start now, beside the download: each file goes to the workers as soon as it is
         # whole, so the copy ends a pass after the download instead of a whole copy after it
         self._copies: dict[str, Job] = {}
         for n in flow.nodes:
-            if n == src or (await self._verify_node(n, hub)).complete:
+            if n == src or (self._verdicts.get(n) or await self._verify_node(n, hub)).complete:
                 continue
             await self.runner.change(n, mkdir_p(flow.model_dir(n)), key=f"mkdir weights {n}")
             self._copies[n] = await self.runner.start_job(src, f"weights-copy-{n}",
@@ -286,6 +306,7 @@ class Weights(Step):
         self._copy_errors: dict[str, str] = {}  # a copy pass that failed, by worker: the link is read again
         self._download: Job | None = None
         self._copies: dict[str, Job] = {}
+        self._verdicts: dict[str, weight_files.Verdict] = {}  # what the probe read per node
 
     def _copy_progress(self, node: str, text: str) -> None:
         last = text.strip().splitlines()[-3:]
