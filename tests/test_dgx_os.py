@@ -459,3 +459,19 @@ async def test_units_and_host_gpu_processes_are_offered_for_freeing_memory():
     flow.update(stops=[Stop("spark-a", "unit:vllm-cluster.service"), Stop("spark-b", "pid:5151")])
     planned = [(n, c.shell()) for n, c in await flow.runner.rehearse(FreeMemory(flow).send)]
     assert planned == [("spark-a", "sudo -n systemctl stop vllm-cluster.service"), ("spark-b", "kill -TERM 5151")]
+
+
+def test_the_engine_check_as_a_real_gpu_answered_it():
+    """The check's program run by a real torch on a real GPU (an H200: the device machine): what it
+    prints is what the parser reads, and a CUDA 13 build's arch list (it has sm_120) runs on GB10."""
+    from sparkconsole.deploy.engines import parse_engine_output
+
+    text = (REAL.parent / "h200" / "engine-check-torch-cu130.txt").read_text()
+    f = parse_engine_output("torch-cu130", "\n".join(x for x in text.splitlines() if not x.startswith("#")), 0)
+    assert (f.cuda, f.device, f.versions["torch"]) == ("13.0", "9.0", "2.11.0+cu130")
+    assert f.has("hf") and f.has("ray") is False and f.versions["ray"] is None and not f.error
+    assert "sm_120" in f.cuda_archs and f.gpu_verdict() is None  # sm_90 for the H200 itself
+    f.device = "12.1"  # the same build on a GB10: sm_120 code runs on sm_121 (same major, lower minor)
+    assert f.gpu_verdict() is None
+    f.cuda_archs = tuple(a for a in f.cuda_archs if a != "sm_120")
+    assert "no kernels for this GPU (sm_121)" in (f.gpu_verdict() or "")
