@@ -43,10 +43,11 @@ async def _sh(c, node: str, cmd: str) -> tuple[str, str, int]:
 async def _tp2_log(mml: int) -> str:
     """A TP=2 Qwen3.5-122B-A10B-FP8 start over Ray on the healthy demo cluster (vLLM 0.17.0)."""
     c = build("healthy", nodes=2, clock=SimClock.frozen())
+    head_ip, worker_ip = c.node(HEAD).fast_ip, c.node(WORKER).fast_ip  # the fast link's (link-local) IPv4s
     await _sh(c, HEAD, f"docker run -d --name ray-head --network host --entrypoint ray {IMG} start --block --head "
-                       "--node-ip-address=192.168.200.12 --port=6379")
+                       f"--node-ip-address={head_ip} --port=6379")
     await _sh(c, WORKER, f"docker run -d --name ray-worker --network host --entrypoint ray {IMG} start --block "
-                         "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
+                         f"--address={head_ip}:6379 --node-ip-address={worker_ip}")
     _, err, rc = await _sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} --tensor-parallel-size 2 "
                                     f"--gpu-memory-utilization 0.85 --max-model-len {mml} --served-model-name q "
                                     "--distributed-executor-backend ray")
@@ -77,7 +78,7 @@ async def test_sim_logs_the_planners_hybrid_kv_and_from_log_reproduces_it(mml, p
     assert "GPU KV cache size: 737,792 tokens" in log
     assert f"Maximum concurrency for {mml:,} tokens per request: {conc}x" in log
     # every worker logs its budget: the remote one under its Ray prefix
-    assert re.search(r"\(RayWorkerWrapper pid=\d+, ip=192\.168\.200\.13\) INFO .* Available KV cache memory: 33\.8 GiB",
+    assert re.search(r"\(RayWorkerWrapper pid=\d+, ip=169\.254\.\d+\.\d+\) INFO .* Available KV cache memory: 33\.8 GiB",
                      log)
 
     # the planner at the same budget and vLLM version: the same blocks, tokens and concurrency

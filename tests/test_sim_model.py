@@ -15,16 +15,28 @@ from sparkconsole.logs.vllm import parse_vllm_log
 from sparkconsole.probe import parsers as P
 from sparkconsole.probe.script import SECTIONS
 from sparkconsole.sim import SCENARIOS, Shell, SimClock, build
-from sparkconsole.sim.model import GIB, MEM_TOTAL, MODELS, Curve, Holder
+from sparkconsole.sim.model import GIB, MEM_TOTAL, MODELS, Curve, Holder, make_node
 
 HEAD, WORKER = "spark-1a32", "spark-5be3"
+# the fast-link IPv4s of the default layout (NVIDIA's earlier netplan: IPv4 link-local, 169.254.x.y);
+# the permissive twin keeps the two-subnet 192.168.200.12 / .13
+HEAD_IP = make_node(0, HEAD, True).fast_ip
+WORKER_IP = make_node(1, WORKER, False, taken={HEAD_IP}).fast_ip
 QWEN = "Qwen/Qwen3.5-122B-A10B-FP8"
-QDIR = "/root/.cache/huggingface/hub/models--Qwen--Qwen3.5-122B-A10B-FP8"
-DROP = "sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'"
+QDIR = "/root/.cache/huggingface/hub/models--Qwen--Qwen3.5-122B-A10B-FP8"  # the permissive twin's (root) cache
+HF = "/home/nvidia/.cache/huggingface"  # a stock node's: the login user's
+# how a stock node drops its page cache: sparkrun's NOPASSWD rule for exactly this tee [sparkrun scripts]
+DROP = "sync; echo 3 | sudo -n /usr/bin/tee /proc/sys/vm/drop_caches > /dev/null"
+DROP_RULE = ("/usr/bin/tee", "/proc/sys/vm/drop_caches")
 
 
 def cluster(scenario: str = "story", nodes: int = 2):
-    return build(scenario, nodes=nodes, clock=SimClock.frozen())
+    """The scenario on a manual clock; every node carries sparkrun's drop-caches sudo rule (stock nodes
+    have no other password-less sudo: tests/test_sim_stock.py)."""
+    c = build(scenario, nodes=nodes, clock=SimClock.frozen())
+    for n in c.nodes.values():
+        n.sudo_rules.append(DROP_RULE)
+    return c
 
 
 async def settle(task: asyncio.Future, hops: int = 40) -> None:
@@ -127,14 +139,16 @@ async def test_links_ports_and_addresses():
     assert by["rocep1s0f1"].state == "ACTIVE" and by["rocep1s0f1"].rate_gbps == 200
     assert by["rocep1s0f0"].state == "DOWN"
     ifs = {i.name: i for i in P.parse_ip_addr_json((await shell.capture("ip -j addr"))[0])}
-    assert ifs["enp1s0f1np1"].ipv4 == ("192.168.200.12/24",) and ifs["enp1s0f1np1"].carrier is True
-    assert ifs["enP2p1s0f1np1"].ipv4 == ("192.168.201.12/24",)
+    # NVIDIA's earlier netplan: one IPv4 link-local on enp1s0f1np1, none on its enP2 twin
+    assert ifs["enp1s0f1np1"].ipv4 == (f"{HEAD_IP}/16",) and ifs["enp1s0f1np1"].carrier is True
+    assert HEAD_IP.startswith("169.254.") and c.node(HEAD).fast_ip == HEAD_IP
+    assert ifs["enP2p1s0f1np1"].ipv4 == () and ifs["enP2p1s0f1np1"].carrier is True
     assert ifs["enp1s0f0np0"].carrier is False and ifs["enp1s0f0np0"].operstate == "DOWN"
     assert {"lo", "enP7s7", "docker0"} <= set(ifs)
     w = {i.name: i for i in P.parse_ip_addr_json((await Shell(c, WORKER).capture("ip -j addr"))[0])}
-    assert w["enp1s0f1np1"].ipv4 == ("192.168.200.13/24",)
+    assert w["enp1s0f1np1"].ipv4 == (f"{WORKER_IP}/16",) and WORKER_IP != HEAD_IP
     text = P.parse_ip_addr((await shell.capture("ip addr show enp1s0f1np1"))[0])
-    assert text[0].ipv4 == ("192.168.200.12/24",)
+    assert text[0].ipv4 == (f"{HEAD_IP}/16",)
 
 
 async def test_link_down_scenario_shows_down_everywhere():
@@ -145,10 +159,10 @@ async def test_link_down_scenario_shows_down_everywhere():
         ifs = {i.name: i for i in P.parse_ip_addr_json((await Shell(c, node).capture("ip -j addr"))[0])}
         assert ifs["enp1s0f1np1"].carrier is False
         assert "NO-CARRIER" in (await Shell(c, node).capture("ip -br link"))[0]
-    out, err, rc = await sh(c, HEAD, "ping -c 2 192.168.200.13")
+    out, err, rc = await sh(c, HEAD, f"ping -c 2 {WORKER_IP}")
     assert rc == 1 and "100% packet loss" in out
-    out, err, rc = await sh(c, HEAD, "rsync -a --info=progress2 /root/.cache/huggingface/hub/models--Qwen--"
-                                     "Qwen3-Embedding-0.6B 192.168.200.13:/root/.cache/huggingface/hub/")
+    out, err, rc = await sh(c, HEAD, f"rsync -a --info=progress2 {HF}/hub/models--Qwen--"
+                                     f"Qwen3-Embedding-0.6B {WORKER_IP}:{HF}/hub/")
     assert rc == 255 and "No route to host" in err
 
 
@@ -190,7 +204,7 @@ async def test_same_seed_same_time_same_output():
 
 
 async def test_drop_caches_frees_page_cache_and_memory_stays_sane():
-    c = cluster()
+    c = cluster("permissive")  # hf on the host: a stock node has none
     assert_memory_sane(c)
     await sh(c, HEAD, "docker stop vllm-glm embeddings reranker")
     before = P.parse_meminfo((await Shell(c, HEAD).capture("cat /proc/meminfo"))[0])
@@ -254,7 +268,7 @@ async def test_oom_exactly_when_weights_exceed_what_is_free(margin_gib):
 
 
 async def test_worker_has_no_internet_and_head_downloads():
-    c = cluster()
+    c = cluster("permissive")  # hf on the host: a stock node has none
     _, err, rc = await sh(c, WORKER, f"hf download {QWEN}")
     assert rc == 1 and "Temporary failure in name resolution" in err and "huggingface.co" in err
     _, err, rc = await sh(c, WORKER, "docker pull vllm/vllm-openai:v0.17.0")
@@ -287,7 +301,7 @@ async def test_old_image_cannot_serve_qwen35():
 
 
 async def test_the_whole_story_tp1_ooms_tp2_serves():
-    c = cluster()
+    c = cluster("permissive")  # the old twin's story: hf on the host, root everywhere
     await sh(c, HEAD, f"hf download {QWEN}", step=60)
     out, _, rc = await sh(c, HEAD, f"rsync -a --info=progress2 {QDIR} 192.168.200.13:/root/.cache/huggingface/hub/",
                           step=10)
@@ -315,11 +329,12 @@ async def test_the_whole_story_tp1_ooms_tp2_serves():
 
     # TP=2 across both nodes over Ray
     img = "vllm/vllm-openai:v0.17.0"
-    _, err, rc = await sh(c, HEAD, f"docker run -d --name ray-head --network host --entrypoint ray {img} start --block --head "
-                                   "--node-ip-address=192.168.200.12 --port=6379")
+    # HF_HUB_OFFLINE=1: the weights are local; without it the worker (no internet) first waits out the Hub
+    _, err, rc = await sh(c, HEAD, f"docker run -d --name ray-head --network host -e HF_HUB_OFFLINE=1 --entrypoint ray "
+                                   f"{img} start --block --head --node-ip-address=192.168.200.12 --port=6379")
     assert rc == 0, err
-    _, err, rc = await sh(c, WORKER, f"docker run -d --name ray-worker --network host --entrypoint ray {img} start --block "
-                                     "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
+    _, err, rc = await sh(c, WORKER, f"docker run -d --name ray-worker --network host -e HF_HUB_OFFLINE=1 --entrypoint ray "
+                                     f"{img} start --block --address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
     assert rc == 0, err
     ray = P.parse_ray_status((await sh(c, HEAD, "docker exec ray-head ray status"))[0])
     assert (ray.active_nodes, ray.gpus_total, ray.gpus_used) == (2, 2, 0)
@@ -368,7 +383,7 @@ async def test_the_whole_story_tp1_ooms_tp2_serves():
 async def test_tp2_without_ray_waits_for_a_placement_group_or_refuses():
     c = cluster("healthy")
     await sh(c, HEAD, "docker run -d --name ray-head --network host --entrypoint ray vllm/vllm-openai:v0.17.0 start --block "
-                      "--head --node-ip-address=192.168.200.12 --port=6379")
+                      f"--head --node-ip-address={HEAD_IP} --port=6379")
     await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} -tp 2 --gpu-memory-utilization 0.85")
     run = next(x.engine for x in c.containers if x.engine and x.engine.tp == 2)
     c.clock.advance(120)
@@ -394,9 +409,9 @@ async def _tp2_ready(c):
     everywhere); returns (container, run) once it is ready."""
     img = "vllm/vllm-openai:v0.17.0"
     await sh(c, HEAD, f"docker run -d --name ray-head --network host --entrypoint ray {img} start --block --head "
-                      "--node-ip-address=192.168.200.12 --port=6379")
+                      f"--node-ip-address={HEAD_IP} --port=6379")
     await sh(c, WORKER, f"docker run -d --name ray-worker --network host --entrypoint ray {img} start --block "
-                        "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
+                        f"--address={HEAD_IP}:6379 --node-ip-address={WORKER_IP}")
     _, err, rc = await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} --tensor-parallel-size 2 "
                                    "--gpu-memory-utilization 0.85 --max-model-len 65536 --served-model-name qwen35 "
                                    "--distributed-executor-backend ray")
@@ -409,7 +424,7 @@ async def _tp2_ready(c):
 
 
 NCCL_WATCHDOG = re.compile(
-    r"^\(EngineCore_DP0 pid=\d+\) \(RayWorkerWrapper pid=(?P<pid>\d+), ip=192\.168\.200\.13\) "
+    rf"^\(EngineCore_DP0 pid=\d+\) \(RayWorkerWrapper pid=(?P<pid>\d+), ip={re.escape(WORKER_IP)}\) "
     r"\[rank1\]:\[E\d{3,4} \d\d:\d\d:\d\d\.\d{9} ProcessGroupNCCL\.cpp:\d+\] \[Rank 1\] Watchdog caught collective "
     r"operation timeout: WorkNCCL\(SeqNum=\d+, OpType=ALLREDUCE, NumelIn=\d+, NumelOut=\d+, "
     r"Timeout\(ms\)=600000\) ran for (?P<ms>600\d{3}) milliseconds before timing out\.$", re.M)
@@ -465,7 +480,7 @@ async def test_tp2_worker_lost_ends_in_the_nccl_watchdog_timeout(how):
     assert "Finished server process" in log
     rep = parse_vllm_log(log)
     assert rep.state == "failed" and rep.failure_kind == "nccl"
-    assert rep.failure_node_ip == "192.168.200.13"
+    assert rep.failure_node_ip == WORKER_IP
     assert "Watchdog caught collective operation timeout" in rep.failure_line
     # the engine is gone: its memory is back on the head, the port is closed, Ray has no GPUs in use
     assert not ct.running(c.now())
@@ -479,9 +494,9 @@ async def test_tp2_worker_lost_before_nccl_is_up_times_out_in_the_rendezvous():
     c = cluster("healthy")
     img = "vllm/vllm-openai:v0.17.0"
     await sh(c, HEAD, f"docker run -d --name ray-head --network host --entrypoint ray {img} start --block --head "
-                      "--node-ip-address=192.168.200.12 --port=6379")
+                      f"--node-ip-address={HEAD_IP} --port=6379")
     await sh(c, WORKER, f"docker run -d --name ray-worker --network host --entrypoint ray {img} start --block "
-                        "--address=192.168.200.12:6379 --node-ip-address=192.168.200.13")
+                        f"--address={HEAD_IP}:6379 --node-ip-address={WORKER_IP}")
     await sh(c, HEAD, f"docker exec -d ray-head vllm serve {QWEN} -tp 2 --gpu-memory-utilization 0.85")
     run = next(x.engine for x in c.containers if x.engine and x.engine.tp == 2)
     assert run.nccl_at is not None and run.nccl_at > c.now()
@@ -525,10 +540,10 @@ def native_run(rank: int) -> str:
     """The wizard's launch on node ``rank`` (image entrypoint ``vllm serve``)."""
     return (f"docker run -d --name sparkconsole-vllm-{rank} --network host --ipc host --gpus all "
             "--device /dev/infiniband --ulimit memlock=-1 --shm-size 16g -e NCCL_SOCKET_IFNAME=enp1s0f1np1 "
-            f"-v /root/.cache/huggingface:/root/.cache/huggingface {IMG17} {QWEN} --tensor-parallel-size 2 "
+            f"-v {HF}:/root/.cache/huggingface {IMG17} {QWEN} --tensor-parallel-size 2 "
             f"--gpu-memory-utilization 0.85 --max-model-len 262144 --served-model-name {SERVED} --host 0.0.0.0 "
             "--port 8000 --reasoning-parser qwen3 --distributed-executor-backend mp --nnodes 2 "
-            f"--node-rank {rank} --master-addr 192.168.200.12 --master-port 29501" + (" --headless" if rank else ""))
+            f"--node-rank {rank} --master-addr {HEAD_IP} --master-port 29501" + (" --headless" if rank else ""))
 
 
 async def _native_ready(c):
@@ -557,10 +572,10 @@ async def test_native_tp2_across_two_nodes_is_ready_and_serves():
     assert rep.state == "ready" and rep.port == 8000 and rep.vllm_version == "0.17.0"
     assert "World size" not in hlog
     assert re.search(r"^\(Worker_TP0 pid=\d+\) INFO .* world_size=2 rank=0 local_rank=0 "
-                     r"distributed_init_method=tcp://192\.168\.200\.12:29501 backend=nccl$", hlog, re.M)
+                     rf"distributed_init_method=tcp://{re.escape(HEAD_IP)}:29501 backend=nccl$", hlog, re.M)
     assert "Loading safetensors checkpoint shards: 100% Completed | 40/40" in hlog
     # the worker's own lines are in the worker container's log, prefixed as the multiproc executor does
-    assert "Launching vLLM (v0.17.0) headless multiproc executor, with head node address 192.168.200.12:29501" in wlog
+    assert f"Launching vLLM (v0.17.0) headless multiproc executor, with head node address {HEAD_IP}:29501" in wlog
     assert re.search(r"^\(Worker_TP1 pid=\d+\) INFO .* world_size=2 rank=1 ", wlog, re.M)
     assert re.search(r"^\(Worker_TP1 pid=\d+\) INFO .* Model loading took 58\.31 GiB memory", wlog, re.M)
     assert "Worker_TP1" not in hlog and "Application startup complete" not in wlog
@@ -579,7 +594,7 @@ async def test_native_tp2_across_two_nodes_is_ready_and_serves():
 
     out, _, rc = await sh(c, HEAD, "curl -sf http://localhost:8000/v1/models")
     assert rc == 0 and f'"id":"{SERVED}"' in out
-    out, _, rc = await sh(c, WORKER, "curl -s http://192.168.200.12:8000/health -w '%{http_code}'")
+    out, _, rc = await sh(c, WORKER, f"curl -s http://{HEAD_IP}:8000/health -w '%{{http_code}}'")
     assert rc == 0 and out == "200"
     out, _, rc = await sh(c, HEAD, "curl -s http://localhost:8000/v1/chat/completions -H 'Content-Type: "
                                    "application/json' -d '{\"model\": \"" + SERVED + "\", \"messages\": "
@@ -721,11 +736,11 @@ async def test_chat_takes_prefill_plus_tokens_at_the_decode_rate():
 
 # ---- pipeline parallelism over Ray (TP x PP ranks, one per Spark) ------------------------------
 
-THIRD = "spark-a687"  # list(c.nodes)[2] of a 3-node cluster: 192.168.200.14
+THIRD = "spark-a687"  # list(c.nodes)[2] of a 3-node cluster: 192.168.200.14 on the permissive twin
 IMG17 = "vllm/vllm-openai:v0.17.0"
 RID = "c0ffee"
 RAY_COMMON = (f"--network host --ipc host --gpus all --device /dev/infiniband --ulimit memlock=-1 --shm-size 16g "
-              f"-v /root/.cache/huggingface:/root/.cache/huggingface --entrypoint ray {IMG17} start --block")
+              f"-v $HOME/.cache/huggingface:/root/.cache/huggingface --entrypoint ray {IMG17} start --block")
 
 
 async def _ray_of(c, nodes: list[str]) -> None:
@@ -745,8 +760,9 @@ async def _ray_of(c, nodes: list[str]) -> None:
 
 
 async def _serve_pp(c, tp: int, pp: int) -> tuple[object, str]:
-    log = f"/root/.cache/huggingface/sparkconsole/{RID}/serve.log"
-    await sh(c, HEAD, f"mkdir -p /root/.cache/huggingface/sparkconsole/{RID}")
+    """The engine in the Ray head's container; returns its run and its log's path on the head."""
+    log = f"/root/.cache/huggingface/sparkconsole/{RID}/serve.log"  # in the container: the mount
+    await sh(c, HEAD, f"mkdir -p $HOME/.cache/huggingface/sparkconsole/{RID}")
     _, err, rc = await sh(c, HEAD, f"docker exec -d sparkconsole-ray-{RID} sh -c 'exec vllm serve {QWEN} "
                                    f"--tensor-parallel-size {tp} --pipeline-parallel-size {pp} "
                                    "--distributed-executor-backend ray --gpu-memory-utilization 0.85 "
@@ -754,11 +770,11 @@ async def _serve_pp(c, tp: int, pp: int) -> tuple[object, str]:
                                    f"--host 0.0.0.0 --port 8000 > {log} 2>&1'")
     assert rc == 0, err
     run = next(x.engine for x in c.containers if x.engine and x.engine.pp == pp)
-    return run, log
+    return run, f"{c.login(HEAD).hf_home}/sparkconsole/{RID}/serve.log"
 
 
 async def test_pp3_over_ray_on_three_nodes_splits_the_weights_by_stage_and_serves():
-    c = cluster(nodes=3)
+    c = cluster("permissive", nodes=3)  # hf on the host, weights copied to root@
     assert list(c.nodes)[2] == THIRD
     await sh(c, HEAD, f"hf download {QWEN}", step=60)
     for ip in ("192.168.200.13", "192.168.200.14"):
@@ -831,7 +847,7 @@ async def test_pp3_with_two_ray_members_waits_for_the_placement_group_and_fails(
     c.clock.advance(120)
     log = "\n".join(ln.text for ln in run.lines if ln.t <= c.now())
     assert "Waiting for creating a placement group of specs for 10 seconds. specs=[{'GPU': 1.0, " \
-           "'node:192.168.200.12': 0.001}, {'GPU': 1.0}, {'GPU': 1.0}]." in log
+           f"'node:{HEAD_IP}': 0.001}}, {{'GPU': 1.0}}, {{'GPU': 1.0}}]." in log
     assert parse_vllm_log(log).state in ("starting", "loading")
     c.clock.advance(run.failed_at + 1 - c.now())
     log = "\n".join(ln.text for ln in run.lines)

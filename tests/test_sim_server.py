@@ -120,7 +120,7 @@ async def test_openssh_client_speaks_to_the_sim():
         node = demo.config.node(WORKER)
         cmd = ["ssh", "-F", "/dev/null", "-i", node.identity, "-p", str(node.port), "-o",
                f"UserKnownHostsFile={node.known_hosts}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
-               "-o", "IdentitiesOnly=yes", f"root@{node.host}", "nvidia-smi -L; docker ps --format '{{.Names}}'"]
+               "-o", "IdentitiesOnly=yes", f"{node.user}@{node.host}", "nvidia-smi -L; docker ps --format '{{.Names}}'"]
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                     stdin=subprocess.DEVNULL)
         out, err = await asyncio.wait_for(proc.communicate(), 30)
@@ -137,7 +137,7 @@ async def test_a_script_piped_to_ssh_sh_runs_line_by_line_and_docker_templates_r
         node = demo.config.node(WORKER)
         base = ["ssh", "-F", "/dev/null", "-i", node.identity, "-p", str(node.port), "-o",
                 f"UserKnownHostsFile={node.known_hosts}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
-                "-o", "IdentitiesOnly=yes", f"root@{node.host}"]
+                "-o", "IdentitiesOnly=yes", f"{node.user}@{node.host}"]
         proc = await asyncio.create_subprocess_exec(*base, "sh", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                     stdin=subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(b'echo a\necho b\nls /nope || echo "fallback $?"\n'), 30)
@@ -202,7 +202,7 @@ async def test_node_lost_stops_answering():
             conn.abort()
         # the head still answers
         async with _connect(demo.config.node(HEAD)) as conn:
-            task = asyncio.ensure_future(conn.run("ssh 192.168.200.13 hostname", check=False, timeout=5))
+            task = asyncio.ensure_future(conn.run(f"ssh {demo.sim.nodes[WORKER].fast_ip} hostname", check=False, timeout=5))
             while not task.done():
                 await asyncio.sleep(0.05)
                 clock.advance(2.0)

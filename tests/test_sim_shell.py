@@ -20,14 +20,21 @@ import pytest
 from sparkconsole.logs.vllm import parse_vllm_log
 from sparkconsole.probe import parsers as P
 from sparkconsole.sim import SimClock, start_demo_cluster
-from sparkconsole.sim.model import MODELS, model_dir, repo_files, repo_revision
+from sparkconsole.sim.model import MODELS, make_node, model_dir, repo_files, repo_revision, roce_gid
 from tests.proc_support import wait_until
 
 HEAD, WORKER = "spark-1a32", "spark-5be3"
-HEAD_IP, WORKER_IP = "192.168.200.12", "192.168.200.13"
+# the fast-link IPv4s: IPv4 link-local (169.254.x.y) under the default layout, NVIDIA's earlier
+# netplan; the permissive twin keeps the two-subnet addresses
+HEAD_IP = make_node(0, HEAD, True).fast_ip
+WORKER_IP = make_node(1, WORKER, False, taken={HEAD_IP}).fast_ip
+OLD_WORKER_IP = "192.168.200.13"
 QWEN = "Qwen/Qwen3.5-122B-A10B-FP8"
-QDIR = model_dir(QWEN)
-HF = "/root/.cache/huggingface"
+QDIR = model_dir(QWEN, "/root")  # the permissive twin's (root) HF cache
+HOME = "/home/nvidia"  # a stock node's login user (tests/test_sim_stock.py)
+HF = f"{HOME}/.cache/huggingface"
+PASSWORD_REQUIRED = "sudo: a password is required\n"  # sudo -n without a rule (sudo.ws)
+DROP_RULE = ("/usr/bin/tee", "/proc/sys/vm/drop_caches")  # sparkrun's NOPASSWD rule
 
 
 def _connect(node):
@@ -81,12 +88,13 @@ TABLE: list[tuple[str, str, int, Check]] = [
      lambda o, e: o.startswith("pid, process_name, used_gpu_memory [MiB]\n")),
     (HEAD, "ibdev2netdev", 0, lambda o, e: [x.state for x in P.parse_ibdev2netdev(o)].count("up") == 2),
     (HEAD, "ip -j addr", 0, lambda o, e: any(i.name == "enp1s0f1np1" for i in P.parse_ip_addr_json(o))),
+    # the empty GID entries' types read EINVAL: grep says nothing of them (2>/dev/null) and exits 2
     (HEAD, "grep -H . /sys/class/infiniband/*/ports/1/gids/* /sys/class/infiniband/*/ports/1/gid_attrs/types/* "
-           "2>/dev/null", 0,
-     lambda o, e: "/sys/class/infiniband/rocep1s0f1/ports/1/gids/3:0000:0000:0000:0000:0000:ffff:c0a8:c80c" in o
+           "2>/dev/null", 2,
+     lambda o, e: f"/sys/class/infiniband/rocep1s0f1/ports/1/gids/3:{roce_gid(HEAD_IP)}" in o
      and "/sys/class/infiniband/rocep1s0f1/ports/1/gid_attrs/types/3:RoCE v2" in o
      and "gid_attrs/types/0:IB/RoCE v1" in o and e == ""),
-    (HEAD, 'echo "$HOME"', 0, lambda o, e: o == "/root\n"),
+    (HEAD, 'echo "$HOME"', 0, lambda o, e: o == f"{HOME}\n"),
     (HEAD, 'echo "${HF_HOME:-}"', 0, lambda o, e: o == "\n"),
     (HEAD, "curl -sS -o /dev/null -w '%{http_code}\\n' --max-time 5 https://huggingface.co/api/models/" + QWEN, 0,
      lambda o, e: o == "200\n"),
@@ -97,10 +105,12 @@ TABLE: list[tuple[str, str, int, Check]] = [
      and ":8001 " in o and ":8002 " in o),
     (HEAD, f"test -s {HF}/token && echo yes || echo no", 0, lambda o, e: o == "yes\n"),
     (WORKER, f"test -s {HF}/token && echo yes || echo no", 0, lambda o, e: o == "no\n"),
-    (HEAD, "hf auth whoami", 0, lambda o, e: o.startswith("\x1b[1muser: \x1b[0m sparkops\n")),
-    (WORKER, "hf auth whoami", 0, lambda o, e: o == "Not logged in\n"),
-    (HEAD, f"ssh -o BatchMode=yes -o ConnectTimeout=5 root@{WORKER_IP} true", 0, lambda o, e: o == e == ""),
-    (WORKER, f"ssh -o BatchMode=yes -o ConnectTimeout=5 root@{HEAD_IP} hostname", 0, lambda o, e: o == HEAD + "\n"),
+    (HEAD, "hf auth whoami", 127, lambda o, e: e == "sh: 1: hf: not found\n"),  # not on a stock host
+    (WORKER, "command -v hf", 1, lambda o, e: o == e == ""),
+    (HEAD, f"ssh -o BatchMode=yes -o ConnectTimeout=5 nvidia@{WORKER_IP} true", 0, lambda o, e: o == e == ""),
+    (WORKER, f"ssh -o BatchMode=yes -o ConnectTimeout=5 {HEAD_IP} hostname", 0, lambda o, e: o == HEAD + "\n"),
+    (HEAD, f"ssh -o BatchMode=yes root@{WORKER_IP} true", 255,
+     lambda o, e: e == f"root@{WORKER_IP}: Permission denied (publickey).\r\n"),
     (HEAD, "docker image inspect -f '{{.Id}}' vllm/vllm-openai:v0.17.0", 0,
      lambda o, e: re.fullmatch(r"sha256:[0-9a-f]{64}\n", o)),
     (WORKER, "docker image inspect -f '{{.Id}}' vllm/vllm-openai:v0.17.0", 1,
@@ -119,20 +129,17 @@ TABLE: list[tuple[str, str, int, Check]] = [
     (HEAD, "docker run --rm --entrypoint python3 vllm/vllm-openai:v0.17.0 -c 'import vllm\nimport transformers\n"
            "import torch\ntry:\n import sglang\nexcept ImportError: pass\nfrom vllm.model_executor.models import "
            "ModelRegistry\nfor a in [\"Qwen3_5MoeForConditionalGeneration\"]: print(a)'", 0,
-     lambda o, e: o == "vllm 0.17.0\ntransformers 4.57.1\ntorch 2.9.0\nsglang -\n"
-                       "arch Qwen3_5MoeForConditionalGeneration yes\n"),
+     lambda o, e: o == "Qwen3_5MoeForConditionalGeneration\n" and e == ""),  # the image runs the program as given
     (HEAD, "docker run --rm --entrypoint python3 vllm/vllm-openai:v0.14.1 -c 'import vllm; "
-           "print(\"Qwen3_5MoeForConditionalGeneration\")'", 0,
-     lambda o, e: o == "vllm 0.14.1\narch Qwen3_5MoeForConditionalGeneration no\n"),
-    (HEAD, "docker run --rm --entrypoint python3 lmsysorg/sglang:v0.5.9-cu130 -c 'import sglang, vllm'", 0,
-     lambda o, e: o == "sglang 0.5.9\nvllm -\n"),
+           "print(vllm.__version__)'", 0, lambda o, e: o == "0.14.1\n"),
+    (HEAD, "docker run --rm --entrypoint python3 lmsysorg/sglang:v0.5.9-cu130 -c 'import sglang, vllm'", 1,
+     lambda o, e: o == "" and e.endswith("ModuleNotFoundError: No module named 'vllm'\n")),
     (HEAD, "docker run --rm --entrypoint python3 lmsysorg/sglang:v0.5.9-cu130 -c 'import importlib\n"
-           "for m in (\"vllm\", \"transformers\", \"torch\", \"sglang\"): print(m)\n"
-           "for a in (\"Qwen3_5MoeForConditionalGeneration\",): print(a)'", 0,
-     lambda o, e: o == "vllm -\ntransformers 4.57.1\ntorch 2.9.1\nsglang 0.5.9\n"
-                       "arch Qwen3_5MoeForConditionalGeneration -\n"),
-    (HEAD, "sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'", 0, lambda o, e: o == e == ""),
-    (HEAD, "sudo -n systemctl stop ollama", 0, lambda o, e: o == e == ""),
+           "for m in (\"vllm\", \"transformers\", \"torch\", \"sglang\"):\n"
+           "    try: print(m, importlib.import_module(m).__version__)\n    except ImportError: print(m, \"-\")'", 0,
+     lambda o, e: o == "vllm -\ntransformers 4.57.1\ntorch 2.9.1+cu130\nsglang 0.5.9\n"),
+    (HEAD, "sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'", 1, lambda o, e: e == PASSWORD_REQUIRED),
+    (HEAD, "sudo -n systemctl stop ollama", 1, lambda o, e: o == "" and e == PASSWORD_REQUIRED),
     (HEAD, "curl -sf http://127.0.0.1:8000/health", 0, lambda o, e: o == ""),
     (HEAD, "curl -s http://127.0.0.1:8000/v1/models", 0,
      lambda o, e: json.loads(o)["data"][0]["id"] == "glm-4.7-flash"),
@@ -198,7 +205,7 @@ echo done; exit 3
         assert r.stdout == "three 3\ni=2\nrc=1\nx=1\ny=2\n2\ndone\n", r.stdout
         assert r.stderr == "nodir\n"
         note = await ssh(demo, HEAD, f"cat {HF}/sparkconsole/d3f9a1/note.txt")
-        assert note.stdout == f"home=/root id=none {HEAD}\nliteral $HOME\n"
+        assert note.stdout == f"home={HOME} id=none {HEAD}\nliteral $HOME\n"
         # the same script fed on stdin to `sh`
         r = await ssh(demo, HEAD, "printf 'echo a\\necho b\\n' | sh")
         assert r.stdout == "a\nb\n"
@@ -257,8 +264,9 @@ async def test_redirected_output_grows_while_the_job_runs():
 
 async def test_weights_download_copy_with_and_without_dereferencing_and_verify():
     """hf download on the head (killed and resumed), rsync without -L leaves broken links, with -L
-    the sizes match the Hub's tree; sha256sum and du agree."""
-    async with start_demo_cluster(clock=SimClock.frozen()) as demo:
+    the sizes match the Hub's tree; sha256sum and du agree. On the permissive twin: hf on the host,
+    rsync to root@ (a stock node downloads in a container and copies to its login user)."""
+    async with start_demo_cluster(scenario="permissive", clock=SimClock.frozen()) as demo:
         sim = demo.sim
         job = "/root/.cache/sparkconsole/d3f9a1"
         start = (f"mkdir -p {job} && setsid nohup sh -c 'hf download {QWEN} > {job}/dl.log 2>&1; "
@@ -288,7 +296,7 @@ async def test_weights_download_copy_with_and_without_dereferencing_and_verify()
         assert "lfs" not in next(f for f in tree if f["path"] == "config.json")
 
         # without -L: the snapshot links arrive as links to blobs that were not sent
-        dest = f"root@{WORKER_IP}:{QDIR}/"
+        dest = f"root@{OLD_WORKER_IP}:{QDIR}/"
         await ssh(demo, WORKER, f"mkdir -p {QDIR}")
         r = await ssh(demo, HEAD, f"rsync -a --partial --exclude blobs/ --info=progress2 -e 'ssh -o BatchMode=yes' "
                                   f"{QDIR}/ {dest}")
@@ -324,12 +332,12 @@ async def test_weights_download_copy_with_and_without_dereferencing_and_verify()
 @pytest.mark.parametrize("partial", [True, False])
 async def test_a_cut_rsync_resumes_only_with_partial(partial):
     async with start_demo_cluster(scenario="healthy", clock=SimClock.frozen()) as demo:
-        src = "/root/big"
+        src = f"{HOME}/big"
         demo.sim.fs(HEAD).mkdir(src)
         demo.sim.fs(HEAD).put_blob(f"{src}/shard", 8_200_000_000, "ab" * 32)
         opt = "--partial " if partial else ""
         async with _connect(demo.config.node(HEAD)) as c:
-            task = asyncio.ensure_future(c.run(f"rsync -a {opt}{src}/ root@{WORKER_IP}:/root/big/", check=False))
+            task = asyncio.ensure_future(c.run(f"rsync -a {opt}{src}/ nvidia@{WORKER_IP}:big/", check=False))
             for _ in range(5):
                 await asyncio.sleep(0.005)
                 demo.clock.advance(1.0)
@@ -339,34 +347,43 @@ async def test_a_cut_rsync_resumes_only_with_partial(partial):
         assert await wait_until(
             lambda: not any(p.argv[:1] == ["rsync"] for p in demo.sim.proc_table(HEAD).procs.values())
         ), "rsync survived the hang-up"
-        kept = demo.sim.fs(WORKER).lookup("/root/big/shard", follow=False)
+        kept = demo.sim.fs(WORKER).lookup(f"{HOME}/big/shard", follow=False)
         if partial:
             assert kept is not None and 0 < kept.nbytes() < 8_200_000_000
         else:
             assert kept is None
-            assert [n for n in demo.sim.fs(WORKER).listdir("/root/big") if n.startswith(".shard.")] == []
+            assert [n for n in demo.sim.fs(WORKER).listdir(f"{HOME}/big") if n.startswith(".shard.")] == []
 
 
 async def test_image_copy_engine_check_ray_and_tp2_serve_with_a_progressive_log():
     async with start_demo_cluster(scenario="healthy", clock=SimClock.frozen()) as demo:
         img = "vllm/vllm-openai:v0.17.0"
         rid = "d3f9a1"
-        r = await ssh(demo, HEAD, "docker save vllm/vllm-openai:v0.17.0 | ssh -o BatchMode=yes root@192.168.200.13 "
+        r = await ssh(demo, HEAD, f"docker save vllm/vllm-openai:v0.17.0 | ssh -o BatchMode=yes nvidia@{WORKER_IP} "
                                   "docker load", step=5)
         assert r.exit_status == 0 and r.stdout == "Loaded image: vllm/vllm-openai:v0.17.0\n"
-        ids = {n: (await ssh(demo, n, f"docker image inspect -f '{{{{.Id}}}}' {img}")).stdout for n in (HEAD, WORKER)}
-        assert ids[HEAD] == ids[WORKER]
+        # Docker's containerd store: the loaded image has another ID over the same layers (moby#48401)
+        fmt = "{{.Id}} {{json .RootFS.Layers}}"
+        ids = {n: (await ssh(demo, n, f"docker image inspect -f '{fmt}' {img}")).stdout.split(" ", 1)
+               for n in (HEAD, WORKER)}
+        assert ids[HEAD][1] == ids[WORKER][1] and ids[HEAD][0] != ids[WORKER][0]
+        # each node's own RoCE v2 IPv4 GID index (the tables differ), kept on the worker: vLLM >= 0.17
+        # copies the head's NCCL_ variables to the Ray workers unless ray_non_carry_over_env_vars.json
+        # names them
+        gid = {n: demo.sim.nodes[n].gid_v2_ipv4(demo.sim.nodes[n].iface("enp1s0f1np1")) for n in (HEAD, WORKER)}
         common = (f"--network host --ipc host --gpus all --device /dev/infiniband --ulimit memlock=-1 --shm-size 16g "
-                  f"-e NCCL_SOCKET_IFNAME=enp1s0f1np1 -e NCCL_IB_GID_INDEX=3 -v {HF}:{HF} --entrypoint ray {img} start "
-                  "--block")
-        r = await ssh(demo, HEAD, f"docker run -d --name sparkconsole-ray-{rid} -e VLLM_HOST_IP={HEAD_IP} {common} "
+                  f"-e NCCL_SOCKET_IFNAME=enp1s0f1np1 -e NCCL_IB_HCA=rocep1s0f1 -e HF_HUB_OFFLINE=1 "
+                  f"-v {HF}:/root/.cache/huggingface --entrypoint ray {img} start --block")
+        r = await ssh(demo, HEAD, f"docker run -d --name sparkconsole-ray-{rid} -e VLLM_HOST_IP={HEAD_IP} "
+                                  f"-e NCCL_IB_GID_INDEX={gid[HEAD]} {common} "
                                   f"--head --node-ip-address={HEAD_IP} --port=6379")
         assert r.exit_status == 0, r.stderr
         # sim time moves while a command runs (``step`` per 2 ms of wall time): in fine steps here, and
         # over one kept connection, so how busy the machine is cannot skip the moment before the join
         async with _connect(demo.config.node(HEAD)) as head:
             r = await ssh(demo, WORKER, f"docker run -d --name sparkconsole-ray-{rid} -e VLLM_HOST_IP={WORKER_IP} "
-                                        f"{common} --address={HEAD_IP}:6379 --node-ip-address={WORKER_IP}",
+                                        f"-e NCCL_IB_GID_INDEX={gid[WORKER]} {common} --address={HEAD_IP}:6379 "
+                                        f"--node-ip-address={WORKER_IP}",
                           step=0.002)
             assert r.exit_status == 0, r.stderr
             started_at = demo.clock.now()
@@ -384,14 +401,23 @@ async def test_image_copy_engine_check_ray_and_tp2_serve_with_a_progressive_log(
         assert (await ssh(demo, HEAD, f"docker inspect -f '{{{{.State.Status}}}}' sparkconsole-ray-{rid}")).stdout == \
             "running\n"
         assert ":6379 " in (await ssh(demo, HEAD, "ss -ltnp")).stdout
-        log = f"{HF}/sparkconsole/{rid}/serve.log"
+        log = f"{HF}/sparkconsole/{rid}/serve.log"  # on the node; the container writes it through its mount
         await ssh(demo, HEAD, f"mkdir -p {HF}/sparkconsole/{rid}")
+        assert (gid[HEAD], gid[WORKER]) == (3, 5)  # the worker's extra IPv6 address moves its index
         for node in (HEAD, WORKER):  # the image copy filled the page cache: vLLM checks free memory
-            await ssh(demo, node, "sudo -n sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'")
+            demo.sim.nodes[node].sudo_rules.append(DROP_RULE)  # sparkrun's rule: the one sudo a stock node allows
+            r = await ssh(demo, node, "sync; echo 3 | sudo -n /usr/bin/tee /proc/sys/vm/drop_caches")
+            assert r.exit_status == 0, r.stderr
+        # before the serve, in the head's container: keep each worker's own GID index (vLLM >= 0.17)
+        r = await ssh(demo, HEAD, f"docker exec sparkconsole-ray-{rid} sh -c 'mkdir -p /root/.config/vllm && printf "
+                                  "\"%s\\n\" \"$1\" > /root/.config/vllm/ray_non_carry_over_env_vars.json' sh "
+                                  "'[\"NCCL_IB_GID_INDEX\"]'")
+        assert r.exit_status == 0, r.stderr
         r = await ssh(demo, HEAD, f"docker exec -d -e VLLM_ENGINE_READY_TIMEOUT_S=3600 sparkconsole-ray-{rid} sh -c "
                                   f"'exec vllm serve {QWEN} --tensor-parallel-size 2 --distributed-executor-backend "
                                   "ray --gpu-memory-utilization 0.85 --max-model-len 65536 --reasoning-parser qwen3 "
-                                  f"--served-model-name qwen35 --host 0.0.0.0 --port 8000 > {log} 2>&1'")
+                                  f"--served-model-name qwen35 --host 0.0.0.0 --port 8000 > "
+                                  f"/root/.cache/huggingface/sparkconsole/{rid}/serve.log 2>&1'")
         assert r.exit_status == 0 and r.stdout == ""
         offset, states = 1, []
         text = ""
@@ -418,7 +444,7 @@ async def test_image_copy_engine_check_ray_and_tp2_serve_with_a_progressive_log(
 async def test_sglang_across_two_nodes_stalls_after_custom_allreduce():
     async with start_demo_cluster(clock=SimClock.frozen()) as demo:
         img = "lmsysorg/sglang:v0.5.9-cu130"
-        await ssh(demo, HEAD, f"docker save {img} | ssh root@{WORKER_IP} docker load", step=10)
+        await ssh(demo, HEAD, f"docker save {img} | ssh {WORKER_IP} docker load", step=10)
         for rank, node in enumerate((HEAD, WORKER)):
             r = await ssh(demo, node, f"docker run -d --name sg --network host {img} python3 -m sglang.launch_server "
                                       f"--model-path {QWEN} --tp 2 --nnodes 2 --node-rank {rank} --dist-init-addr "
@@ -432,15 +458,20 @@ async def test_sglang_across_two_nodes_stalls_after_custom_allreduce():
 
 
 async def test_mtu_and_gid_index_are_node_data():
+    types = "/sys/class/infiniband/rocep1s0f1/ports/1/gid_attrs/types"
     async with start_demo_cluster(clock=SimClock.frozen()) as demo:
         demo.sim.nodes[HEAD].mtu["enp1s0f1np1"] = 9000
-        demo.sim.nodes[WORKER].gid_v2_index = 5
         r = await ssh(demo, HEAD, f"ping -c 3 -W 2 -M do -s 8972 {WORKER_IP}")
         assert r.exit_status == 1 and "3 packets transmitted, 0 received, 100% packet loss" in r.stdout
         assert (await ssh(demo, HEAD, "cat /sys/class/net/enp1s0f1np1/mtu")).stdout == "9000\n"
-        r = await ssh(demo, WORKER, "cat /sys/class/infiniband/rocep1s0f1/ports/1/gid_attrs/types/5")
-        assert r.stdout == "RoCE v2\n"
-        r = await ssh(demo, WORKER, "cat /sys/class/infiniband/rocep1s0f1/ports/1/gid_attrs/types/7")
+        # the worker's extra IPv6 address puts its IPv4 RoCE v2 GID at 5; the head's is at 3 and its
+        # entry 5 is empty: the kernel answers EINVAL for its type
+        assert (await ssh(demo, WORKER, f"cat {types}/5")).stdout == "RoCE v2\n"
+        r = await ssh(demo, HEAD, f"cat {types}/5")
+        assert r.exit_status == 1 and r.stderr == f"cat: {types}/5: Invalid argument\n"
+        demo.sim.nodes[HEAD].gid_v2_index = 5  # a test can pin the index
+        assert (await ssh(demo, HEAD, f"cat {types}/5")).stdout == "RoCE v2\n"
+        r = await ssh(demo, WORKER, f"cat {types}/7")
         assert r.exit_status == 1
 
 
@@ -460,8 +491,11 @@ def test_sixty_four_nodes_have_their_own_names_addresses_and_macs():
     c = build(nodes=64, clock=SimClock.frozen())
     names = list(c.nodes)
     assert len(set(names)) == 64 and all(re.fullmatch(r"spark-[0-9a-f]{4}", n) for n in names)
+    ips = [n.fast_ip for n in c.nodes.values()]  # IPv4 link-local, a conflict re-picked as IPv4LL does
+    assert len(set(ips)) == 64 and ips[0] == HEAD_IP and all(ip.startswith("169.254.") for ip in ips)
+    c.layout = "two-subnet"
     ips = [n.fast_ip for n in c.nodes.values()]
-    assert len(set(ips)) == 64 and ips[0] == HEAD_IP and ips[-1] == "192.168.200.75"
+    assert len(set(ips)) == 64 and ips[0] == "192.168.200.12" and ips[-1] == "192.168.200.75"
     macs = [i.mac for n in c.nodes.values() for i in n.ifaces if i.kind != "loopback"]
     assert len(set(macs)) == len(macs) and all(re.fullmatch(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", m) for m in macs)
     assert [n.role for n in c.nodes.values()].count("head") == 1

@@ -4,12 +4,14 @@ Each function takes the cluster, a node name and a sim time and returns the text
 command prints on a DGX Spark (shapes from ``tests/fixtures/real/gb10``): the GB10 ``nvidia-smi``
 table (Memory-Usage ``Not Supported``, power cap ``N/A``), ``--query-gpu`` CSV (``[N/A]`` for
 memory), ``--query-compute-apps`` (``VLLM::EngineCore, 109832 MiB``), ``/proc/meminfo``,
-``ibdev2netdev``, the InfiniBand sysfs files, ``ip -j addr`` / ``ip addr`` / ``ip -br link``,
+``ibdev2netdev``, the InfiniBand sysfs files (the RoCE GID tables), ``ip -j addr`` / ``ip addr`` /
+``ip -br addr`` / ``ip -br link`` (IPv4 and IPv6: stock-spark-id-ip.txt in tests/fixtures/real/dgx-os),
 ``docker ps``/``stats``/``images``/``version`` and Ray 2.x ``ray status``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 
@@ -25,10 +27,14 @@ from sparkconsole.sim.model import (
     KERNEL,
     KIB,
     MIB,
+    ZERO_GID,
     Container,
+    Iface,
     SimCluster,
+    SimNode,
     image_digest,
 )
+from sparkconsole.sim.vfs import EINVAL, Unreadable
 
 # ---- /proc -------------------------------------------------------------------------------------
 
@@ -254,7 +260,7 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
     n = c.node(node)
     files: dict[str, str] = {}
     for i in n.ifaces:
-        up = n.link_up(i) if i.kind == "cx7" else i.kind in ("loopback", "ether")
+        up = n.carrier(i)
         base = f"/sys/class/net/{i.name}"
         files[f"{base}/operstate"] = ("unknown" if i.kind == "loopback" else ("up" if up else "down")) + "\n"
         files[f"{base}/mtu"] = f"{n.mtu_of(i)}\n"
@@ -291,60 +297,77 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
     return files
 
 
-GID_ENTRIES = 8  # a CX-7 port lists more GID slots than it fills; the rest read as zeros
+# A port lists every slot of its GID table (a real mlx5 RoCE port: hundreds); the sim lists 8, enough
+# for the pairs it fills, or up to the last one used.
+GID_ENTRIES = 8
 
 
-def _ipv6_link_local(mac: str) -> str:
-    b = [int(x, 16) for x in mac.split(":")]
-    b[0] ^= 0x02
-    eui = [*b[:3], 255, 254, *b[3:]]
-    return "fe80:0000:0000:0000:" + ":".join(f"{eui[k]:02x}{eui[k + 1]:02x}" for k in range(0, 8, 2))
-
-
-def _gids(n, i, port: str) -> dict[str, str]:
-    """``ports/1/gids/N`` and ``gid_attrs/types/N``: 0/1 the link-local RoCE v1/v2 pair, then a
-    v1/v2 pair per IPv4 address (``::ffff:a.b.c.d``), the v2 one at ``n.gid_v2_index``; empty slots
-    are zeros and their type file cannot be read (EINVAL: ``types`` is absent here)."""
-    zero = "0000:0000:0000:0000:0000:0000:0000:0000"
-    slots: dict[int, tuple[str, str]] = {0: (_ipv6_link_local(i.mac), "IB/RoCE v1"),
-                                         1: (_ipv6_link_local(i.mac), "RoCE v2")}
-    for a in i.ipv4:
-        ip = [int(x) for x in a.split("/")[0].split(".")]
-        g = f"0000:0000:0000:0000:0000:ffff:{ip[0]:02x}{ip[1]:02x}:{ip[2]:02x}{ip[3]:02x}"
-        v2 = n.gid_v2_index
-        slots[v2 - 1 if v2 - 1 not in slots else v2 + 1] = (g, "IB/RoCE v1")
-        slots[v2] = (g, "RoCE v2")
+def _gids(n: SimNode, i: Iface, port: str) -> dict[str, str]:
+    """``ports/1/gids/N``, ``gid_attrs/types/N`` and ``gid_attrs/ndevs/N`` of ``i``'s RDMA device
+    from :meth:`SimNode.gid_table` (0/1 fe80 v1/v2, then a v1/v2 pair per further address: the shape
+    of tests/fixtures/real/dgx-os/gid-table-rocep1s0f1.txt). An empty entry reads as the zero GID and
+    its ``types``/``ndevs`` files fail with EINVAL (drivers/infiniband/core/sysfs.c keeps EINVAL
+    there), so ``grep -H .`` over them prints the zeros and nothing for the types."""
+    table = n.gid_table(i)
     out: dict[str, str] = {}
-    for k in range(max(GID_ENTRIES, max(slots) + 1)):
-        gid, typ = slots.get(k, (zero, ""))
+    for k in range(max(GID_ENTRIES, max(table) + 1)):
+        gid, typ = table.get(k, (ZERO_GID, ""))
         out[f"{port}/gids/{k}"] = gid + "\n"
-        if typ:
-            out[f"{port}/gid_attrs/types/{k}"] = typ + "\n"
+        out[f"{port}/gid_attrs/types/{k}"] = typ + "\n" if typ else Unreadable(EINVAL)
+        out[f"{port}/gid_attrs/ndevs/{k}"] = i.name + "\n" if typ else Unreadable(EINVAL)
     return out
 
 
-def _flags(n, i) -> list[str]:
+def _flags(n: SimNode, i: Iface) -> list[str]:
     if i.kind == "loopback":
         return ["LOOPBACK", "UP", "LOWER_UP"]
-    up = n.link_up(i) if i.kind == "cx7" else i.kind == "ether"
-    return ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"] if up else ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"]
+    return (["BROADCAST", "MULTICAST", "UP", "LOWER_UP"] if n.carrier(i)
+            else ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"])
 
 
-def _operstate(n, i) -> str:
+def _operstate(n: SimNode, i: Iface) -> str:
     if i.kind == "loopback":
         return "UNKNOWN"
-    up = n.link_up(i) if i.kind == "cx7" else i.kind == "ether"
-    return "UP" if up else "DOWN"
+    return "UP" if n.carrier(i) else "DOWN"
 
 
-def ip_j_addr(c: SimCluster, node: str) -> str:
+def _addrs(n: SimNode, i: Iface, family: str | None = None) -> list[dict[str, object]]:
+    """``i``'s addresses as ``ip`` lists them (IPv4 first, then IPv6, global before link), each
+    with its scope, broadcast, flags and lifetimes. IPv4 link-local (169.254/16, IPv4LL) has scope
+    link, as systemd-networkd claims it (networkd-ipv4ll.c: prefix 16, RT_SCOPE_LINK, broadcast);
+    a static CX-7 address and the DHCP lease are noprefixroute (NetworkManager's routes)."""
+    out: list[dict[str, object]] = []
+    life = 76_113 if i.dynamic else 4294967295  # the DHCP lease's remaining seconds; else forever
+    for a in i.ipv4 if family in (None, "inet") else ():
+        net = ipaddress.ip_interface(a)
+        d: dict[str, object] = {"family": "inet", "local": str(net.ip), "prefixlen": net.network.prefixlen}
+        if i.kind != "loopback":
+            d["broadcast"] = str(net.network.broadcast_address)
+        d["scope"] = "host" if i.kind == "loopback" else "link" if net.ip.is_link_local else "global"
+        if i.dynamic:
+            d["dynamic"] = True
+        if i.dynamic or (i.kind == "cx7" and not net.ip.is_link_local):
+            d["noprefixroute"] = True
+        d["label"] = i.name
+        d["valid_life_time"] = d["preferred_life_time"] = life
+        out.append(d)
+    for a in n.ipv6(i) if family in (None, "inet6") else ():
+        net = ipaddress.ip_interface(a)
+        d = {"family": "inet6", "local": str(net.ip), "prefixlen": net.network.prefixlen,
+             "scope": "host" if i.kind == "loopback" else "link" if net.ip.is_link_local else "global"}
+        if i.kind == "loopback" or not net.ip.is_link_local:
+            d["noprefixroute"] = True
+        d["valid_life_time"] = d["preferred_life_time"] = 4294967295
+        out.append(d)
+    return out
+
+
+def ip_j_addr(c: SimCluster, node: str, family: str | None = None) -> str:
     n = c.node(node)
     out = []
     for i in n.ifaces:
         d: dict[str, object] = {"ifindex": i.ifindex, "ifname": i.name, "flags": _flags(n, i), "mtu": n.mtu_of(i),
                                 "qdisc": "noqueue" if i.kind in ("loopback", "bridge", "wifi") else "mq"}
-        if i.kind == "bridge":
-            pass
         d["operstate"] = _operstate(n, i)
         d["group"] = "default"
         if i.kind != "bridge":
@@ -356,40 +379,16 @@ def ip_j_addr(c: SimCluster, node: str) -> str:
             d["altnames"] = ["enP7p1s0"]
         if i.name == "wlP9s9":
             d["altnames"] = ["wlP9p1s0"]
-        infos: list[dict[str, object]] = []
-        for a in i.ipv4:
-            ip, plen = a.split("/")
-            info: dict[str, object] = {"family": "inet", "local": ip, "prefixlen": int(plen)}
-            if i.kind != "loopback":
-                parts = ip.split(".")
-                bits = int(plen)
-                val = (int(parts[0]) << 24 | int(parts[1]) << 16 | int(parts[2]) << 8 | int(parts[3]))
-                bval = val | ((1 << (32 - bits)) - 1)
-                info["broadcast"] = ".".join(str((bval >> s) & 255) for s in (24, 16, 8, 0))
-            info["scope"] = "host" if i.kind == "loopback" else "global"
-            if i.dynamic:
-                info["dynamic"] = True
-            if i.kind == "cx7" or i.dynamic:
-                info["noprefixroute"] = True
-            info["label"] = i.name
-            life = 4294967295 if not i.dynamic else 76_113
-            info["valid_life_time"] = life
-            info["preferred_life_time"] = life
-            infos.append(info)
-        if i.kind == "loopback":
-            infos.append({"family": "inet6", "local": "::1", "prefixlen": 128, "scope": "host", "noprefixroute": True,
-                          "valid_life_time": 4294967295, "preferred_life_time": 4294967295})
-        elif i.ipv4 and (i.kind != "cx7" or n.link_up(i)):
-            m = i.mac.split(":")
-            eui = f"fe80::{int(m[0], 16) ^ 2:x}{m[1]}:{m[2]}ff:fe{m[3]}:{m[4]}{m[5]}"
-            infos.append({"family": "inet6", "local": eui, "prefixlen": 64, "scope": "link",
-                          "valid_life_time": 4294967295, "preferred_life_time": 4294967295})
-        d["addr_info"] = infos
+        d["addr_info"] = _addrs(n, i, family)
         out.append(d)
     return json.dumps(out, separators=(",", ":")) + "\n"
 
 
-def ip_addr(c: SimCluster, node: str, only: str | None = None) -> tuple[str, int]:
+def _lft(seconds: object) -> str:
+    return "forever" if seconds == 4294967295 else f"{seconds}sec"
+
+
+def ip_addr(c: SimCluster, node: str, only: str | None = None, family: str | None = None) -> tuple[str, int]:
     n = c.node(node)
     lines = []
     found = False
@@ -406,19 +405,30 @@ def ip_addr(c: SimCluster, node: str, only: str | None = None) -> tuple[str, int
         lines.append(f"    link/{lt} {i.mac} brd {brd}")
         if i.name == "enP7s7":
             lines.append("    altname enP7p1s0")
-        for a in i.ipv4:
-            ip, plen = a.split("/")
-            extra = " dynamic noprefixroute" if i.dynamic else (" noprefixroute" if i.kind == "cx7" else "")
-            scope = "host" if i.kind == "loopback" else "global"
-            if i.kind == "loopback":
-                lines.append(f"    inet {a} scope host lo")
+        for d in _addrs(n, i, family):
+            flags = "".join(f" {f}" for f in ("dynamic", "noprefixroute") if d.get(f))
+            a = f"{d['local']}/{d['prefixlen']}"
+            if d["family"] == "inet":  # iproute2 ends an IPv4 line with its label, an IPv6 one with a space
+                brd = f" brd {d['broadcast']}" if "broadcast" in d else ""
+                lines.append(f"    inet {a}{brd} scope {d['scope']}{flags} {i.name}")
             else:
-                b = ip.rsplit(".", 1)[0] + ".255" if plen == "24" else "172.17.255.255"
-                lines.append(f"    inet {a} brd {b} scope {scope}{extra} {i.name}")
-            lines.append("       valid_lft forever preferred_lft forever")
+                lines.append(f"    inet6 {a} scope {d['scope']}{flags} ")
+            lines.append(f"       valid_lft {_lft(d['valid_life_time'])} preferred_lft {_lft(d['preferred_life_time'])}")
     if not found:
         return f'Device "{only}" does not exist.\n', 1
     return "\n".join(lines) + "\n", 0
+
+
+def ip_br_addr(c: SimCluster, node: str, only: str | None = None, family: str | None = None) -> tuple[str, int]:
+    """``ip -br addr``: name (16 wide), state (14 wide), then each address and a space, as iproute2
+    prints it (stock-spark-id-ip.txt: ``enp1s0f1np1      UP             169.254.127.30/16 fe80::…/64 ``)."""
+    n = c.node(node)
+    rows = [f"{i.name:<16} {_operstate(n, i):<14} " + "".join(f"{d['local']}/{d['prefixlen']} "
+                                                           for d in _addrs(n, i, family)) + "\n"
+            for i in n.ifaces if not only or i.name == only]
+    if not rows:
+        return f'Device "{only}" does not exist.\n', 1
+    return "".join(rows), 0
 
 
 def ip_br_link(c: SimCluster, node: str) -> str:
@@ -558,14 +568,14 @@ def docker_images(c: SimCluster, node: str, t: float, fmt_json: bool = False, di
     if fmt_json:
         return "".join(json.dumps({"Containers": "N/A", "CreatedAt": f"{i.created} 10:12:44 +0000 UTC",
                                    "CreatedSince": "2 months ago", "Digest": image_digest(i.ref) if digests else "<none>",
-                                   "ID": i.id[:12],
+                                   "ID": c.image_id(node, i, t)[:12],
                                    "Repository": i.repo, "SharedSize": "N/A", "Size": _hsize(i.size_bytes, False),
                                    "Tag": i.tag, "UniqueSize": "N/A", "VirtualSize": _hsize(i.size_bytes, False)},
                                   separators=(",", ":")) + "\n" for i in imgs.values())
     rows = [("REPOSITORY", "TAG", *(("DIGEST",) if digests else ()), "IMAGE ID", "CREATED", "SIZE")]
     for i in imgs.values():
-        rows.append((i.repo, i.tag, *((image_digest(i.ref),) if digests else ()), i.id[:12], "2 months ago",
-                     _hsize(i.size_bytes, False)))
+        rows.append((i.repo, i.tag, *((image_digest(i.ref),) if digests else ()), c.image_id(node, i, t)[:12],
+                     "2 months ago", _hsize(i.size_bytes, False)))
     k_last = len(rows[0]) - 1
     widths = [max(len(r[k]) for r in rows) for k in range(k_last + 1)]
     return "".join("   ".join(r[k].ljust(widths[k]) for k in range(k_last)) + "   " + r[k_last] + "\n"

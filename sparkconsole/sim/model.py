@@ -21,15 +21,20 @@ Hardware facts (see ``tests/fixtures/real/gb10``): NVIDIA GB10, driver 580.126.0
 MemTotal 125,511,932 kB (119.70 GiB; vLLM sees 121.69 GiB through CUDA), 20 Arm cores (10
 Cortex-X925 + 10 Cortex-A725), 3.7T NVMe, ConnectX-7 as four RoCE "twins"; the cable is in
 port 1 so ``rocep1s0f1``/``enp1s0f1np1`` and ``roceP2p1s0f1``/``enP2p1s0f1np1`` are Up at
-200 Gb/s with 192.168.200.x/24 and 192.168.201.x/24; ``enP7s7`` is the 10G management LAN.
+200 Gb/s; ``enP7s7`` is the 10G management LAN. Their addresses follow ``SimCluster.layout``
+(:func:`make_node`): NVIDIA's earlier netplan (one IPv4 link-local 169.254.x.y/16 on
+``enp1s0f1np1``, fe80 only on ``enP2p1s0f1np1``; tests/fixtures/real/dgx-os/stock-spark-id-ip.txt)
+or two subnets (192.168.200.x/24 and 192.168.201.x/24); the RoCE GID tables follow the addresses
+(:meth:`SimNode.gid_table`).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import ipaddress
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,12 +76,48 @@ LAN_RSYNC_BPS = 270 * MB  # the same over the 10G management LAN (what you get o
 IMAGE_COPY_BPS = 380 * MB  # docker save | ssh docker load (load unpacks: slower than rsync)
 WEIGHT_READ_S_PER_SHARD = 3.27  # safetensors shard read on the NVMe (the real Spark log rate)
 
-HF_CACHE = "/root/.cache/huggingface/hub"
+
+def hf_hub(home: str) -> str:
+    """The HF hub cache under a home directory (``$HOME/.cache/huggingface/hub``, huggingface_hub's
+    default): the login user's on a stock node, ``/root``'s in a container or on the permissive twin."""
+    return f"{home.rstrip('/')}/.cache/huggingface/hub"
 
 
-def model_dir(repo: str) -> str:
+def model_dir(repo: str, home: str) -> str:
+    """``repo``'s folder in the HF cache of ``home`` (``SimCluster.model_dir`` gives a node's)."""
     owner, name = repo.split("/", 1)
-    return f"{HF_CACHE}/models--{owner}--{name}"
+    return f"{hf_hub(home)}/models--{owner}--{name}"
+
+
+@dataclass(frozen=True)
+class Account:
+    """A user as ``id`` and ``/etc/passwd`` say it: who a node's SSH sessions run as
+    (:meth:`SimCluster.login`), or root under ``sudo``. ``groups``: (gid, name), primary first."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[tuple[int, str], ...]
+    home: str
+
+    @property
+    def root(self) -> bool:
+        return self.uid == 0
+
+    def in_group(self, name: str) -> bool:
+        return any(g == name for _gid, g in self.groups)
+
+    @property
+    def hf_home(self) -> str:
+        return f"{self.home.rstrip('/')}/.cache/huggingface"
+
+
+ROOT = Account("root", 0, 0, ((0, "root"),), "/root")
+# A stock DGX OS login's supplementary groups, as a real Spark's ``id`` prints them
+# (tests/fixtures/real/dgx-os/stock-spark-id-ip.txt): the first-boot user is an Ubuntu admin (adm,
+# sudo, ...) and in ``docker`` (988 there); the password is asked by sudo [dgx-spark-playbooks].
+STOCK_GROUPS = ((4, "adm"), (27, "sudo"), (29, "audio"), (30, "dip"), (46, "plugdev"), (100, "users"),
+                (122, "lpadmin"), (988, "docker"))
 
 
 # ---- deterministic noise -----------------------------------------------------------------------
@@ -112,15 +153,33 @@ def stable_int(lo: int, hi: int, *parts: Any) -> int:
 
 @dataclass(frozen=True)
 class Image:
+    """One image of the catalogue, with what ``docker image inspect`` and its own Python would tell.
+
+    Facts [../shared/research/real-dgx-os.md "Images"]: ``vllm/vllm-openai``'s final stage is
+    ``ENTRYPOINT ["vllm", "serve"]`` with no CMD; up to vLLM 0.19 the plain ``vX`` tags are CUDA 12.9
+    builds (their torch has sm_120 kernels, so they run on GB10's sm_121) and ``-cu130`` tags CUDA 13;
+    NGC ``nvcr.io/nvidia/vllm`` images start ``/opt/nvidia/nvidia_entrypoint.sh`` with the command as
+    its arguments, carry the label ``com.nvidia.vllm.version`` and, from 26.05, no Ray (neither the
+    module nor the ``ray`` CLI). The upstream images have huggingface_hub's ``hf`` on PATH. Package
+    versions other than vLLM's are illustrative (torch's ``+cuXYZ`` suffix as its wheels print it)."""
+
     ref: str  # "vllm/vllm-openai:v0.17.0"
     vllm_version: str  # what its log says ("" when the image has no vLLM)
     size_bytes: int
     created: str  # docker images CREATED (a date)
     knows_qwen35: bool
-    entrypoint: tuple[str, ...] = ("vllm", "serve")  # the image's own ENTRYPOINT
+    entrypoint: tuple[str, ...] = ("vllm", "serve")  # the image's own ENTRYPOINT (() : none, null)
     transformers: str = "4.57.1"
     torch: str = "2.9.0"
     sglang_version: str = ""  # "" when sglang is not importable
+    ray: str = ""  # ray's version ("" when the image has no Ray: no module, no CLI)
+    cuda: str = "12.9"  # torch.version.cuda
+    cuda_archs: tuple[str, ...] = ("sm_80", "sm_90", "sm_100", "sm_120")  # torch.cuda.get_arch_list()
+    commands: tuple[tuple[str, str], ...] = ()  # name -> path of the image's own commands on PATH
+    cmd: tuple[str, ...] | None = None  # CMD (None: not set, ``null`` in docker image inspect)
+    labels: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # ENV
+    layer_count: int = 9
 
     @property
     def repo(self) -> str:
@@ -132,14 +191,52 @@ class Image:
 
     @property
     def id(self) -> str:
+        """The ID on the node that pulled it (overlay2 keeps it across ``docker save | load``; the
+        containerd store does not: :meth:`SimCluster.image_id`)."""
         return stable_hex(64, "image", self.ref)
 
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """``RootFS.Layers``: the layers' diff IDs, the same wherever the image is stored."""
+        return tuple("sha256:" + stable_hex(64, "layer", self.ref, k) for k in range(self.layer_count))
 
-IMAGE_OLD = Image("vllm/vllm-openai:v0.14.1", "0.14.1", int(19.7 * GB), "2026-01-24", False)
-IMAGE_NEW = Image("vllm/vllm-openai:v0.17.0", "0.17.0", int(21.4 * GB), "2026-03-07", True)
+    def which(self, name: str) -> str | None:
+        """Where the image's ``name`` command is (``shutil.which``), None when it has none."""
+        return dict(self.commands).get(name)
+
+
+# the commands the images bring (huggingface_hub's ``hf`` and its older ``huggingface-cli``; Ray's CLI)
+_PY_CMDS = (("python3", "/usr/bin/python3"), ("python", "/usr/bin/python"), ("pip", "/usr/local/bin/pip"),
+            ("hf", "/usr/local/bin/hf"), ("huggingface-cli", "/usr/local/bin/huggingface-cli"))
+_VLLM_CMDS = (("vllm", "/usr/local/bin/vllm"), *_PY_CMDS)
+_RAY_CMDS = (("ray", "/usr/local/bin/ray"),)
+_CUDA_ENV = (("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+             ("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
+_UBUNTU_LABELS = (("org.opencontainers.image.ref.name", "ubuntu"), ("org.opencontainers.image.version", "22.04"))
+_CU130_ARCHS = ("sm_80", "sm_90", "sm_100", "sm_110", "sm_120")
+
+IMAGE_OLD = Image("vllm/vllm-openai:v0.14.1", "0.14.1", int(19.7 * GB), "2026-01-24", False,
+                  torch="2.9.1+cu129", ray="2.53.0", commands=(*_VLLM_CMDS, *_RAY_CMDS), labels=_UBUNTU_LABELS,
+                  env=_CUDA_ENV)
+IMAGE_NEW = Image("vllm/vllm-openai:v0.17.0", "0.17.0", int(21.4 * GB), "2026-03-07", True,
+                  torch="2.10.0+cu129", ray="2.54.0", commands=(*_VLLM_CMDS, *_RAY_CMDS), labels=_UBUNTU_LABELS,
+                  env=_CUDA_ENV)
+IMAGE_NEW_CU130 = Image("vllm/vllm-openai:v0.17.0-cu130", "0.17.0", int(22.1 * GB), "2026-03-07", True,
+                        torch="2.10.0+cu130", ray="2.54.0", cuda="13.0", cuda_archs=_CU130_ARCHS,
+                        commands=(*_VLLM_CMDS, *_RAY_CMDS), labels=_UBUNTU_LABELS, env=_CUDA_ENV)
+# NVIDIA's build: vLLM 0.20.1 (NGC release notes: 26.05 -> 0.20.1), no Ray [real-dgx-os.md "Images"]
+IMAGE_NGC = Image("nvcr.io/nvidia/vllm:26.05-py3", "0.20.1", int(23.9 * GB), "2026-05-21", True,
+                  entrypoint=("/opt/nvidia/nvidia_entrypoint.sh",), torch="2.11.0a0", cuda="13.0",
+                  cuda_archs=(*_CU130_ARCHS, "sm_121", "compute_121"), commands=_VLLM_CMDS,
+                  labels=(("com.nvidia.vllm.version", "0.20.1"), ("com.nvidia.build.id", "2026052101"),
+                          ("com.nvidia.cuda.version", "13.0"), *_UBUNTU_LABELS[:1],
+                          ("org.opencontainers.image.version", "24.04")),
+                  env=(*_CUDA_ENV, ("NVIDIA_PRODUCT_NAME", "vLLM"), ("VLLM_VERSION", "0.20.1")))
 IMAGE_SGLANG = Image("lmsysorg/sglang:v0.5.9-cu130", "", int(32.6 * GB), "2026-03-02", True, entrypoint=(),
-                     transformers="4.57.1", torch="2.9.1", sglang_version="0.5.9")
-IMAGES = {i.ref: i for i in (IMAGE_OLD, IMAGE_NEW, IMAGE_SGLANG)}
+                     transformers="4.57.1", torch="2.9.1+cu130", sglang_version="0.5.9", cuda="13.0",
+                     cuda_archs=_CU130_ARCHS, commands=_PY_CMDS, cmd=("/bin/bash",), labels=_UBUNTU_LABELS,
+                     env=_CUDA_ENV)
+IMAGES = {i.ref: i for i in (IMAGE_OLD, IMAGE_NEW, IMAGE_NEW_CU130, IMAGE_NGC, IMAGE_SGLANG)}
 
 # what ``ModelRegistry.get_supported_archs()`` of each image knows, among the ones a check asks about
 ARCHS_COMMON = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeLiteForCausalLM", "LlamaForCausalLM",
@@ -321,6 +418,7 @@ class CacheRamp:
     t1: float
     nbytes: float
     reader: Curve | None = None
+    path: str = ""  # the folder of the files read or written (host path): what `dd iflag=nocache` evicts
 
     @property
     def stop(self) -> float:
@@ -436,9 +534,18 @@ class Container:
     host_rss: int = 0  # CPU-side memory of the container's processes
     network: str = "host"
     mounts: str = ""
+    # ``-v HOST:CTR`` bind mounts, (host path, container path): a container's files are its node's,
+    # seen through these (``/root/.cache/huggingface`` in the container is the login user's cache)
+    binds: tuple[tuple[str, str], ...] = ()
     restarts: int = 0
     headless: HeadlessRank | None = None  # a native multi-node vLLM rank > 0
     oom_killed: bool = False  # its process was ended by the kernel's OOM killer (docker's State.OOMKilled)
+    gpus: bool = False  # started with ``--gpus`` (or the CDI device): torch sees the node's GPU in it
+    # the container's own files (a VFS made on first use by the docker tools): everything outside its
+    # bind mounts, gone with the container (``docker rm``)
+    rootfs: Any = None
+    user: str = ""  # ``--user UID:GID`` ("" : the image's, root)
+    main_pid: int | None = None  # a container whose command runs as a shell process: that process
 
     def _member_end(self) -> float | None:
         h = self.headless
@@ -584,6 +691,8 @@ class Iface:
     mtu: int
     kind: str  # loopback | ether | wifi | bridge | cx7
     ipv4: tuple[str, ...] = ()  # "192.168.200.12/24"
+    # IPv6 addresses beyond the kernel's EUI-64 fe80 (which SimNode.ipv6 adds with a carrier): "fd…/64"
+    ipv6: tuple[str, ...] = ()
     rdma: str | None = None  # the RoCE device of a CX-7 twin
     port1: bool = False  # a twin of the cabled physical port
     dynamic: bool = False  # DHCP address
@@ -595,8 +704,8 @@ class SimNode:
     index: int  # 0 = head
     role: str
     internet: bool
-    fast_ip: str  # on enp1s0f1np1
-    fast_ip2: str  # on enP2p1s0f1np1
+    fast_ip: str  # the IPv4 on enp1s0f1np1 (169.254.x.y under netplan-ll, 192.168.200.N under two-subnet)
+    fast_ip2: str  # the IPv4 on enP2p1s0f1np1: "" under netplan-ll (that twin has fe80 only)
     lan_ip: str  # on enP7s7
     ifaces: tuple[Iface, ...]
     images: dict[str, Image] = field(default_factory=dict)
@@ -605,12 +714,24 @@ class SimNode:
     lost_at: float | None = None
     boot_uptime: float = 0.0  # uptime at sim t=0
     drop_times: list[float] = field(default_factory=list)
+    evictions: list[tuple[float, str]] = field(default_factory=list)  # (t, file) dropped by dd iflag=nocache
     files: dict[str, str] = field(default_factory=dict)  # extra read-only virtual files (tests)
     pid_counter: int = 0
     mtu: dict[str, int] = field(default_factory=dict)  # interface -> MTU where not the default
-    gid_v2_index: int = 3  # where the RoCE v2 ::ffff:IPv4 GID sits (3 usually; some kits: 5)
+    # None: each RDMA device's GID table follows its netdev's addresses (gid_table); a number pins the
+    # RoCE v2 ::ffff:IPv4 entry of every twin with an IPv4 at that index (tests; >= 3)
+    gid_v2_index: int | None = None
     hf_token: str | None = None  # written to ~/.cache/huggingface/token on nodes logged in to the Hub
     kmsg: list[LogLine] = field(default_factory=list)  # the kernel's log (OOM kills): journalctl -k, dmesg
+    # the login user on a stock node (SimCluster.login; the permissive twin logs in as root). NVIDIA's
+    # playbooks only ask that every node has the same user and suggest ``nvidia`` [dgx-spark-playbooks
+    # connect-two-sparks]
+    user: str = "nvidia"
+    docker_group: bool = True  # in the ``docker`` group (False: docker's permission-denied error)
+    # sudoers NOPASSWD rules, each a full argv (("/usr/bin/tee", "/proc/sys/vm/drop_caches") as
+    # sparkrun installs it [sparkrun scripts]; ("ALL",): anything). Empty on a stock node: sudo asks
+    # for a password (``sudo -n``: "a password is required", sudo.ws).
+    sudo_rules: list[tuple[str, ...]] = field(default_factory=list)
 
     def mtu_of(self, iface: Iface) -> int:
         return self.mtu.get(iface.name, iface.mtu)
@@ -622,6 +743,39 @@ class SimNode:
 
     def link_up(self, iface: Iface) -> bool:
         return iface.kind == "cx7" and iface.port1 and self.port1_up
+
+    def carrier(self, iface: Iface) -> bool:
+        """LOWER_UP: a cabled CX-7 twin whose port is up, the LAN port and lo (not the idle Wi-Fi or
+        docker0 without containers, both NO-CARRIER on the real capture)."""
+        return self.link_up(iface) if iface.kind == "cx7" else iface.kind in ("loopback", "ether")
+
+    def ipv6(self, iface: Iface) -> list[str]:
+        """The IPv6 addresses ``ip addr`` lists on ``iface`` ("addr/plen"), global before link-local
+        as the kernel keeps them: the configured ones, then the kernel's EUI-64 fe80 (RFC 4291 app. A),
+        which an interface gets once it has a carrier (the capture's DOWN ports have no address)."""
+        if iface.kind == "loopback":
+            return ["::1/128"]
+        out = sorted(iface.ipv6, key=lambda a: ipaddress.ip_interface(a).ip.is_link_local)
+        if self.carrier(iface):
+            out.append(f"{link_local6(iface.mac)}/64")
+        return out
+
+    def gid_table(self, iface: Iface) -> dict[int, tuple[str, str]]:
+        """Port 1's RoCE GID table of ``iface``'s RDMA device: index -> (GID, type); absent indexes
+        are empty. As the kernel's roce_gid_mgmt fills it (drivers/infiniband/core/roce_gid_mgmt.c,
+        cache.c): 0 and 1 hold the default GID, the MAC's EUI-64 fe80, as "IB/RoCE v1" and "RoCE v2",
+        whatever the link; each further address of the netdev adds a v1/v2 pair in the first free
+        slots, in the order the addresses came: a configured IPv6 one at once, the IPv4 one later
+        (IPv4LL claims it after its ARP probes), so an extra IPv6 address moves the IPv4 RoCE v2 entry
+        from 3 to 5 (docs/dgx-os.md section 4; tests/fixtures/real/dgx-os/gid-table-rocep1s0f1.txt
+        has 0/1 fe80 and 2/3 IPv4). An fe80 equal to the default GID adds nothing (the kernel finds it
+        there); a twin without IPv4 has the default pair only. ``gid_v2_index`` pins the IPv4 pair."""
+        return dict(_gid_table(iface, self.gid_v2_index)) if iface.rdma else {}
+
+    def gid_v2_ipv4(self, iface: Iface) -> int | None:
+        """The index of ``iface``'s RoCE v2 IPv4-mapped GID (what NCCL_IB_GID_INDEX must name), or None."""
+        return next((k for k, (g, typ) in sorted(self.gid_table(iface).items())
+                     if typ == GID_V2 and g.startswith(IPV4_MAPPED)), None)
 
     def iface(self, name: str) -> Iface | None:
         return next((i for i in self.ifaces if i.name == name), None)
@@ -642,20 +796,102 @@ def _macs(base: str, n: int) -> list[str]:
     return [f"{head}:{int(last, 16) + i:02x}" for i in range(n)]
 
 
-def make_node(index: int, name: str, internet: bool, port1_up: bool = True) -> SimNode:
+# ---- the fast link's addresses (docs/dgx-os.md section 4, "The RoCE GID index is per device and per node")
+
+# netplan-ll: NVIDIA's earlier netplan (cx7-netplan.yaml: ``link-local: [ipv4]`` on enp1s0f0np0 and
+# enp1s0f1np1 only), so the cabled enp1s0f1np1 has one 169.254.x.y/16 and its enP2 twin fe80 only
+# (tests/fixtures/real/dgx-os/stock-spark-id-ip.txt); two-subnet: the July 2026 playbook and NVIDIA
+# Sync's Cluster Assistant, a static IPv4 on both twins in two subnets.
+LAYOUTS = ("netplan-ll", "two-subnet")
+GID_V1, GID_V2 = "IB/RoCE v1", "RoCE v2"  # gid_attrs/types/N as the kernel names them
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"  # an empty GID entry (sysfs prints zeros)
+IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"  # an IPv4 address's GID: ::ffff:a.b.c.d
+
+
+def link_local6(mac: str) -> str:
+    """The EUI-64 link-local address of a MAC (RFC 4291 app. A: flip the U/L bit, ff:fe in the
+    middle): 4c:bb:47:2f:91:13 -> fe80::4ebb:47ff:fe2f:9113, as the real capture shows it."""
+    b = [int(x, 16) for x in mac.split(":")]
+    b[0] ^= 0x02
+    iid = int.from_bytes(bytes([*b[:3], 0xFF, 0xFE, *b[3:]]), "big")
+    return str(ipaddress.IPv6Address((0xFE80 << 112) | iid))
+
+
+def link_local4(name: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
+    """An IPv4 link-local address for host ``name``: 169.254.1.0-169.254.254.255 (RFC 3927 2.1),
+    stable per host (systemd-networkd seeds its IPv4LL pick from the machine, networkd-ipv4ll.c);
+    one another node holds is a conflict the ARP probe finds, and the next pick is taken."""
+    salt = 0
+    while True:
+        v = stable_int(0x0100, 0xFF00, name, "ipv4ll", salt)
+        ip = f"169.254.{v >> 8}.{v & 0xFF}"
+        if ip not in taken:
+            return ip
+        salt += 1
+
+
+def ula6(mac: str) -> str:
+    """A unique-local address (RFC 4193: fd + a 40-bit global ID, subnet 1) with the MAC's EUI-64
+    interface ID: the extra IPv6 address some nodes carry on the fast link."""
+    prefix = int("fd" + stable_hex(10, "ula"), 16) << 80 | 1 << 64
+    return str(ipaddress.IPv6Address(prefix | (int(ipaddress.IPv6Address(link_local6(mac))) & (1 << 64) - 1)))
+
+
+def roce_gid(addr: str) -> str:
+    """An address as its RoCE GID reads in sysfs (the kernel's %pI6: 8 groups of 4 hex digits): an
+    IPv6 address as it is, an IPv4 one mapped (::ffff:10.100.184.1 -> …:ffff:0a64:b801)."""
+    a = ipaddress.ip_interface(addr).ip
+    return (ipaddress.IPv6Address(f"::ffff:{a}") if a.version == 4 else a).exploded
+
+
+@functools.lru_cache(maxsize=4096)
+def _gid_table(iface: Iface, pin: int | None) -> tuple[tuple[int, tuple[str, str]], ...]:
+    """:meth:`SimNode.gid_table`, kept per (interface, pin): sysfs is read path by path."""
+    default = roce_gid(link_local6(iface.mac))
+    table = {0: (default, GID_V1), 1: (default, GID_V2)}
+    v4 = [roce_gid(a) for a in iface.ipv4]
+    if pin is not None and v4:
+        if pin < 3:
+            raise ValueError(f"gid_v2_index {pin}: 0 and 1 hold the default GID")
+        table[pin - 1], table[pin] = (v4[0], GID_V1), (v4[0], GID_V2)
+        v4 = v4[1:]
+    k = 2
+    for g in dict.fromkeys([roce_gid(a) for a in iface.ipv6] + v4):
+        if g == default:
+            continue
+        for typ in (GID_V1, GID_V2):
+            while k in table:
+                k += 1
+            table[k] = (g, typ)
+    return tuple(sorted(table.items()))
+
+
+def make_node(index: int, name: str, internet: bool, port1_up: bool = True, layout: str = "netplan-ll",
+              taken: set[str] | frozenset[str] = frozenset()) -> SimNode:
+    """Node ``index`` addressed as ``layout`` says (``taken``: link-local IPv4s other nodes hold).
+    Under netplan-ll the workers' enp1s0f1np1 also carries a ULA /64, so their IPv4 RoCE v2 GID sits
+    at 5 and the head's at 3 (field reports: 3 on one node, 5 on its peer with an extra IPv6 address;
+    docs/dgx-os.md section 4)."""
     host = 12 + index
-    fast_ip, fast_ip2 = f"192.168.200.{host}", f"192.168.201.{host}"
     lan_ip = f"10.42.0.{41 + index}"
     mb = f"4c:bb:47:{0x2f + index // 7:02x}:{(0x91 + 0x10 * index) % 256:02x}"
     m = _macs(mb + ":11", 7)
+    f1b = _macs(mb + ":17", 1)[0]
+    if layout == "two-subnet":
+        fast_ip, fast_ip2 = f"192.168.200.{host}", f"192.168.201.{host}"
+        f1v4, f1v6, f1bv4 = (f"{fast_ip}/24",), (), (f"{fast_ip2}/24",)
+    elif layout == "netplan-ll":
+        fast_ip, fast_ip2 = link_local4(name, taken), ""
+        f1v4, f1v6, f1bv4 = (f"{fast_ip}/16",), ((f"{ula6(m[2])}/64",) if index else ()), ()
+    else:
+        raise ValueError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
     ifaces = (
         Iface("lo", 1, "00:00:00:00:00:00", 65536, "loopback", ("127.0.0.1/8",)),
         Iface("enP7s7", 2, m[0], 1500, "ether", (f"{lan_ip}/24",), dynamic=True),
         Iface("enp1s0f0np0", 3, m[1], 1500, "cx7", rdma="rocep1s0f0"),
-        Iface("enp1s0f1np1", 4, m[2], 1500, "cx7", (f"{fast_ip}/24",), rdma="rocep1s0f1", port1=True),
+        Iface("enp1s0f1np1", 4, m[2], 1500, "cx7", f1v4, f1v6, rdma="rocep1s0f1", port1=True),
         Iface("enP2p1s0f0np0", 5, _macs(mb + ":16", 1)[0], 1500, "cx7", rdma="roceP2p1s0f0"),
-        Iface("enP2p1s0f1np1", 6, _macs(mb + ":17", 1)[0], 1500, "cx7", (f"{fast_ip2}/24",),
-              rdma="roceP2p1s0f1", port1=True),
+        Iface("enP2p1s0f1np1", 6, f1b, 1500, "cx7", f1bv4, rdma="roceP2p1s0f1", port1=True),
         Iface("wlP9s9", 7, f"58:02:05:f5:{0xfb - index:02x}:8c", 1500, "wifi"),
         Iface("docker0", 8, f"aa:ac:e4:c1:{0x87 + index:02x}:bd", 1500, "bridge", ("172.17.0.1/16",)),
     )
@@ -664,6 +900,15 @@ def make_node(index: int, name: str, internet: bool, port1_up: bool = True) -> S
         fast_ip=fast_ip, fast_ip2=fast_ip2, lan_ip=lan_ip, ifaces=ifaces, port1_up=port1_up,
         boot_uptime=93_784.21 + 3_611.7 * index,
     )
+
+
+def address_nodes(nodes: Iterable[SimNode], layout: str) -> None:
+    """Re-address every node's ConnectX-7 twins as ``layout`` says (no two link-local IPv4s alike)."""
+    taken: set[str] = set()
+    for n in nodes:
+        fresh = make_node(n.index, n.name, n.internet, layout=layout, taken=taken)
+        n.ifaces, n.fast_ip, n.fast_ip2 = fresh.ifaces, fresh.fast_ip, fresh.fast_ip2
+        taken.add(fresh.fast_ip)
 
 
 DEFAULT_NAMES = ("spark-1a32", "spark-5be3")
@@ -721,19 +966,43 @@ class SimCluster:
         # told when a node is lost (the engine planner uses it: TP engines spanning the node hang)
         self.lost_listeners: list[Callable[[SimCluster, str, float], None]] = []
         self.units: dict[str, dict[str, str]] = {}
+        # How stock the nodes are (scenarios.py sets them; the default is stock DGX OS, issue 22):
+        # permissive: today's old twin (root login, sudo that asks nothing, hf on the host);
+        # layout: "netplan-ll" (NVIDIA's earlier netplan: one link-local IPv4 per twin pair) or
+        # "two-subnet" (the July 2026 playbook / NVIDIA Sync: both twins addressed, two subnets);
+        # image_store: "containerd" (Docker 29's default store) or "overlay2" (the real capture).
+        self.permissive = False
+        self.layout = "netplan-ll"
+        self.image_store = "containerd"
+
+    def login(self, node: str) -> Account:
+        """Who ``node``'s SSH sessions run as: on a stock node the first-boot user (``nvidia``, uid
+        1000, in ``sudo`` and ``docker``: tests/fixtures/real/dgx-os/stock-spark-id-ip.txt); on the
+        permissive twin root, as the simulator was before. Everything that needs the user or its
+        home (the shell's ``$HOME``, ``id``, the HF cache, ssh between nodes) asks here."""
+        if self.permissive:
+            return ROOT
+        n = self.nodes[node]
+        groups = tuple(g for g in STOCK_GROUPS if n.docker_group or g[1] != "docker")
+        return Account(n.user, 1000, 1000, ((1000, n.user), *groups), f"/home/{n.user}")
+
+    def model_dir(self, node: str, repo: str) -> str:
+        """``repo``'s folder in the HF cache of ``node``'s login user."""
+        return model_dir(repo, self.login(node).home)
 
     def fs(self, node: str) -> VFS:
-        """The node's file system (made on first use, with the HF cache directory in place)."""
+        """The node's file system (made on first use, with the login user's HF cache in place)."""
         v = self.filesystems.get(node)
         if v is None:
             v = VFS(self.now, lambda: self.virtual_files(self, node) if self.virtual_files else {})
-            v.mkdir(HF_CACHE, parents=True)
-            v.mkdir("/root/.cache/sparkconsole", parents=True)
-            v.mkdir("/root/.ssh", parents=True)
+            acct = self.login(node)
+            v.mkdir(hf_hub(acct.home), parents=True)
+            v.mkdir(f"{acct.home}/.cache/sparkconsole", parents=True)
+            v.mkdir(f"{acct.home}/.ssh", parents=True)
             tok = self.nodes[node].hf_token
             if tok:
-                v.write_text("/root/.cache/huggingface/token", tok)
-                v.write_text("/root/.cache/huggingface/stored_tokens", f"[sparkops]\nhf_token = {tok}\n\n")
+                v.write_text(f"{acct.hf_home}/token", tok)
+                v.write_text(f"{acct.hf_home}/stored_tokens", f"[sparkops]\nhf_token = {tok}\n\n")
             self.filesystems[node] = v
         return v
 
@@ -749,7 +1018,7 @@ class SimCluster:
         """Put a whole model in the node's HF cache (blobs, refs/main, snapshot links)."""
         spec = MODELS[repo]
         fs = self.fs(node)
-        base = model_dir(repo)
+        base = self.model_dir(node, repo)
         rev = repo_revision(repo)
         for d in ("blobs", "refs", f"snapshots/{rev}"):
             fs.mkdir(f"{base}/{d}", parents=True)
@@ -787,6 +1056,18 @@ class SimCluster:
         if ip in (dst.fast_ip, dst.fast_ip2) and not (src.port1_up and dst.port1_up):
             return None
         return dst
+
+    @property
+    def layout(self) -> str:
+        """How the fast link is addressed (:data:`LAYOUTS`); setting it re-addresses every node."""
+        return self._layout
+
+    @layout.setter
+    def layout(self, value: str) -> None:
+        if value not in LAYOUTS:
+            raise ValueError(f"unknown layout {value!r}: choose one of {', '.join(LAYOUTS)}")
+        self._layout = value
+        address_nodes(self.nodes.values(), value)
 
     # -- containers --
     def containers_on(self, node: str) -> list[Container]:
@@ -853,6 +1134,11 @@ class SimCluster:
             if r.node != node or r.t0 > t:
                 continue
             lo = r.t0 if last_drop is None else max(r.t0, last_drop)
+            if r.path and n.evictions:
+                # a file of the ramp's folder evicted: the ramp's pages counted from then on (one
+                # ramp stands for a whole model's files; the wizard evicts them all at once)
+                inside = r.path.rstrip("/") + "/"
+                lo = max([lo, *(te for te, f in n.evictions if te <= t and f.startswith(inside))])
             hi = min(t, r.stop)
             if hi <= lo:
                 continue
@@ -887,6 +1173,10 @@ class SimCluster:
         for listener in list(self.lost_listeners):
             listener(self, node, t)
 
+    def evict(self, node: str, path: str, t: float | None = None) -> None:
+        """``dd if=PATH iflag=nocache count=0``: the file's pages leave the page cache (no root needed)."""
+        self.nodes[node].evictions.append((self.now() if t is None else t, path))
+
     def drop_caches(self, node: str, t: float | None = None) -> None:
         self.nodes[node].drop_times.append(self.now() if t is None else t)
 
@@ -894,7 +1184,7 @@ class SimCluster:
     def model_bytes(self, node: str, repo: str, t: float | None = None) -> int:
         """Bytes of ``repo`` in the node's HF cache now (whole and partial blobs)."""
         fs = self.fs(node)
-        base = model_dir(repo) + "/blobs"
+        base = self.model_dir(node, repo) + "/blobs"
         try:
             names = fs.listdir(base)
         except FsError:
@@ -910,7 +1200,7 @@ class SimCluster:
         """The repo's files missing or short under ``path`` (default: its HF cache snapshot)."""
         spec = MODELS[repo]
         fs = self.fs(node)
-        base = path or f"{model_dir(repo)}/snapshots/{repo_revision(repo)}"
+        base = path or f"{self.model_dir(node, repo)}/snapshots/{repo_revision(repo)}"
         bad = []
         for f in repo_files(spec):
             ent = fs.lookup(f"{base}/{f.path}", follow=True)
@@ -930,6 +1220,21 @@ class SimCluster:
             if tr.dst == node and tr.kind == "image" and tr.complete(t):
                 out[tr.what] = IMAGES[tr.what]
         return out
+
+    def image_id(self, node: str, img: Image, t: float | None = None) -> str:
+        """``img``'s ID on ``node`` (``docker images``' IMAGE ID, ``.Id``). Docker's overlay2 store
+        names an image by its config's digest, the same on every node; the containerd image store
+        (Docker 29's default) by what it stored, so an image that came by ``docker save | docker
+        load`` gets another ID than on the node it was saved on, over the same layers
+        (``RootFS.Layers``) [moby#48401, moby#47674, docker/cli#6670]."""
+        if self.image_store != "containerd":
+            return img.id
+        t = self.now() if t is None else t
+        came = [tr for tr in self.transfers if tr.kind == "image" and tr.dst == node and tr.what == img.ref
+                and tr.complete(t)]
+        if came and came[-1].src is not None:  # the name now points at what the load stored
+            return stable_hex(64, "image", img.ref, "loaded")
+        return img.id
 
     def disk_used(self, node: str, t: float | None = None) -> int:
         t = self.now() if t is None else t

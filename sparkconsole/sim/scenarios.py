@@ -15,7 +15,18 @@ node-lost  ``story``; the last node stops answering ``lost_after`` sim seconds i
            A TP=2 engine spanning it hangs on NCCL and dies with PyTorch's watchdog timeout 600 s
            later (``SimCluster.mark_lost`` / ``DemoCluster.lose`` do the same at run time).
 old-image  ``story``, but only the 0.14 image exists on every node (Qwen3.5 needs >= 0.16).
+permissive ``story`` on the old, lenient twin: root login, ``sudo`` that asks nothing, ``hf`` on the
+           host, both RoCE twins addressed (what the simulator was before issue 22).
+two-subnet ``story`` with the July 2026 playbook's addressing: both twins of the cabled port get an
+           IPv4 address, in two subnets.
+overlay2   ``story`` with Docker's overlay2 image store (the real capture) instead of containerd's.
+ngc-image  ``story``, but the head's new image is NVIDIA's ``nvcr.io/nvidia/vllm:26.05-py3``
+           (vLLM 0.20.1, no Ray, entrypoint ``/opt/nvidia/nvidia_entrypoint.sh``).
 ========== =====================================================================================
+
+Every scenario but ``permissive`` behaves like stock DGX OS (../docs/dgx-os.md): a non-root login
+user in the ``docker`` group, ``sudo`` that needs a password, no ``hf`` on the host, NVIDIA's
+earlier netplan, RoCE v2 GID indexes that differ between the nodes, Docker's containerd store.
 
 Nodes beyond the second (``--nodes N``) are workers like ``spark-5be3``.
 """
@@ -27,6 +38,7 @@ from sparkconsole.sim.clock import SimClock
 from sparkconsole.sim.model import (
     GIB,
     IMAGE_NEW,
+    IMAGE_NGC,
     IMAGE_OLD,
     IMAGE_SGLANG,
     Container,
@@ -34,7 +46,8 @@ from sparkconsole.sim.model import (
     stable_hex,
 )
 
-SCENARIOS = ("story", "healthy", "link-down", "node-lost", "old-image")
+SCENARIOS = ("story", "healthy", "link-down", "node-lost", "old-image", "permissive", "two-subnet", "overlay2",
+             "ngc-image")
 QWEN = "Qwen/Qwen3.5-122B-A10B-FP8"
 GLM = "GadflyII/GLM-4.7-Flash-NVFP4"
 EMBED = "Qwen/Qwen3-Embedding-0.6B"
@@ -47,7 +60,8 @@ def _service(cluster: SimCluster, node: str, name: str, model: str, argv: list[s
     cluster.drop_caches(node, t0 - 5.0)  # the start script drops the caches first (vLLM checks MemFree)
     ct = Container(id=stable_hex(64, node, name, t0), name=name, image=image, argv=("vllm", "serve", *argv),
                    node=node, created=t0 - 2.0, started=t0, kind="vllm",
-                   mounts="/root/.cache/huggingface")
+                   mounts=cluster.login(node).hf_home,  # -v ~/.cache/huggingface:/root/.cache/huggingface
+                   binds=((cluster.login(node).hf_home, "/root/.cache/huggingface"),))
     args = vllm_logs.parse_serve_args(argv)
     ct.engine = vllm_logs.plan_serve(cluster, cluster.node(node), name, IMAGE_OLD.vllm_version, args, t0,
                                      pid_api=1, activity=activity)
@@ -79,6 +93,9 @@ def build(scenario: str = "story", nodes: int = 2, clock: SimClock | None = None
     c = SimCluster(clock, n_nodes=nodes, seed=seed)
     wire(c)
     c.scenario = scenario
+    c.permissive = scenario == "permissive"
+    c.layout = "two-subnet" if scenario in ("permissive", "two-subnet") else "netplan-ll"
+    c.image_store = "overlay2" if scenario in ("permissive", "overlay2") else "containerd"
     names = list(c.nodes)
     for i, name in enumerate(names):
         n = c.nodes[name]
@@ -88,6 +105,8 @@ def build(scenario: str = "story", nodes: int = 2, clock: SimClock | None = None
             n.images = {IMAGE_OLD.ref: IMAGE_OLD, IMAGE_NEW.ref: IMAGE_NEW}
             if scenario == "story":
                 n.images[IMAGE_SGLANG.ref] = IMAGE_SGLANG
+            if scenario == "ngc-image":  # the head's new image is NVIDIA's (vLLM 0.20.1, no Ray)
+                n.images = {IMAGE_OLD.ref: IMAGE_OLD, IMAGE_NGC.ref: IMAGE_NGC, IMAGE_SGLANG.ref: IMAGE_SGLANG}
         else:
             n.images = {IMAGE_OLD.ref: IMAGE_OLD}
         if n.internet:

@@ -45,8 +45,10 @@ from sparkconsole.sim.vllm_logs import (
     _RENDEZVOUS_FRAMES,
     _WORKER_FRAMES,
     PY,
+    RAY_COPY_PREFIXES,
     SUPPORTED_ARCHS_014,
     WORKERPROC_FAILED,
+    DriverEnv,
     ServeArgs,
     _joined_ranks,
     _nondefault,
@@ -55,10 +57,12 @@ from sparkconsole.sim.vllm_logs import (
     _ray_container,
     _Script,
     gib,
+    ray_copied,
     shard_bar,
     stage_weights_gib,
     tqdm_bar,
     traffic_lines,
+    version_at_least,
 )
 
 Frame = tuple[str, int, str, str]  # a traceback frame: (path, line, function, code)
@@ -81,6 +85,62 @@ _ROUTES = [("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/health", "
            ("/v1/completions", "POST"), ("/v1/embeddings", "POST"), ("/pooling", "POST"),
            ("/score", "POST"), ("/v1/score", "POST"), ("/rerank", "POST"), ("/v1/rerank", "POST"),
            ("/metrics", "GET")]
+
+
+HUB_RETRIES = 5  # huggingface_hub's http_backoff: 5 retries, waits 1, 2, 4, 8, 8 s (max_wait 8)
+HUB_RESOLVE_S = 5.0  # each failed request: the resolver's timeout on a node without a route out (as hf.py)
+NCCL_SYSTEM_ERROR = "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
+
+
+def _offline(env: dict[str, str], *names: str) -> bool:
+    """huggingface_hub's ``_is_true``: 1/ON/YES/TRUE, any case."""
+    return any(env.get(n, "").upper() in ("1", "ON", "YES", "TRUE") for n in names)
+
+
+def ipv4_v2_gids(cluster: SimCluster, node: SimNode, dev: str) -> set[int]:
+    """The GID indexes of ``dev`` on ``node`` that hold a RoCE v2 IPv4-mapped GID (what
+    ``NCCL_IB_GID_INDEX`` must name there), from the node's own table (``SimNode.gid_table``, what
+    ``/sys/class/infiniband/DEV/ports/1/gids/N`` and ``gid_attrs/types/N`` show)."""
+    iface = next((i for i in node.ifaces if i.rdma == dev), None)
+    if iface is None:
+        return set()
+    table = getattr(node, "gid_table", None)
+    if callable(table):
+        return {k for k, (gid, typ) in table(iface).items()
+                if typ == "RoCE v2" and gid.startswith("0000:0000:0000:0000:0000:ffff:")}
+    files = cluster.virtual_files(cluster, node.name) if cluster.virtual_files is not None else {}
+    base = f"/sys/class/infiniband/{dev}/ports/1"
+    return {k for k in range(256) if str(files.get(f"{base}/gid_attrs/types/{k}", "")).strip() == "RoCE v2"
+            and str(files.get(f"{base}/gids/{k}", "")).startswith("0000:0000:0000:0000:0000:ffff:")}
+
+
+def nccl_ib_problem(cluster: SimCluster, node: SimNode, env: dict[str, str]) -> str | None:
+    """The RDMA device whose queue pair a rank with ``env`` cannot bring up on ``node`` (None: all
+    fine): ``NCCL_IB_GID_INDEX`` not a RoCE v2 IPv4 GID of a device NCCL uses, or ``NCCL_IB_HCA``
+    naming a device without an IPv4 GID (an enP2 twin without an address). NCCL uses the active
+    devices ``NCCL_IB_HCA`` selects (prefix match; ``=`` exact, ``^`` excludes), all active ones
+    when unset, and picks a GID by itself when ``NCCL_IB_GID_INDEX`` is unset [NCCL env docs;
+    ../shared/research/real-dgx-os.md "The ConnectX-7 ports and their GIDs"]."""
+    if env.get("NCCL_IB_DISABLE", "0").strip() == "1":
+        return None
+    active = [i.rdma for i in node.ifaces if i.rdma and node.link_up(i)]
+    spec = env.get("NCCL_IB_HCA", "").strip()
+    if spec:
+        exact = spec.startswith("=") or spec.startswith("^=")
+        exclude = spec.startswith("^")
+        names = [x.split(":")[0] for x in spec.lstrip("^=").split(",") if x]
+        hit = [d for d in active if any(d == x if exact else d.startswith(x) for x in names)]
+        used = [d for d in active if d not in hit] if exclude else hit
+    else:
+        used = active
+    gid = env.get("NCCL_IB_GID_INDEX", "").strip()
+    for d in used:
+        v2 = ipv4_v2_gids(cluster, node, d)
+        if not v2 and spec and not spec.startswith("^"):
+            return d
+        if gid and (not gid.isdigit() or int(gid) not in v2):
+            return d
+    return None
 
 
 def _world_too_big(size: int) -> str:
@@ -113,8 +173,11 @@ class ServePlan:
     kv_alloc: float
 
     def __init__(self, cluster: SimCluster, node: SimNode, container: str, version: str, args: ServeArgs,
-                 t0: float, pid_api: int = 1, activity: float = 0.0) -> None:
+                 t0: float, pid_api: int = 1, activity: float = 0.0, driver_env: DriverEnv | None = None) -> None:
         self.cluster = cluster
+        self.driver = driver_env  # the serve's environment (None: a scenario's service, history)
+        # each rank's node -> the environment its worker runs with (after vLLM's Ray copy)
+        self.rank_env: dict[str, dict[str, str]] = {node.name: dict(driver_env.env)} if driver_env else {}
         self.node = node
         self.container = container
         self.version = version
@@ -147,8 +210,9 @@ class ServePlan:
         """The phases of a vLLM start, in order, up to the first that kills the engine."""
         try:
             self.print_args()
-            self.check_model()
             self.bind_port()
+            self.hub_wait()
+            self.check_model()
             self.configure()
             self.join_ranks()
             self.check_free_memory()
@@ -240,6 +304,40 @@ class ServePlan:
         else:
             sc.log(0.0, api, "INFO", "api_server.py:1351", f"vLLM API server version {version}")
             sc.log(0.0, api, "INFO", "utils.py:253", f"non-default args: {_nondefault(args, 0)}")
+
+    def _hub_retries(self, sc: _Script, dt: float, prefix: str, url: str, method: str = "HEAD") -> float:
+        """huggingface_hub asking the Hub on a node without internet: each request fails after the
+        resolver's timeout and is retried with back-off, logged as huggingface_hub's ``http_backoff``
+        logs it; then the library falls back to the local cache. Returns the time it took."""
+        t = dt
+        for k in range(1, HUB_RETRIES + 2):
+            t += HUB_RESOLVE_S
+            rid = stable_hex(32, url, self.t0, k)
+            path = url.split("huggingface.co", 1)[1]
+            sc.raw(t, f"{prefix}'(MaxRetryError(\"HTTPSConnectionPool(host='huggingface.co', port=443): Max retries "
+                   f"exceeded with url: {path} (Caused by NameResolutionError(\\\"<urllib3.connection.HTTPSConnection "
+                   "object at 0xffff8c2b5e50>: Failed to resolve 'huggingface.co' ([Errno -3] Temporary failure in "
+                   f"name resolution)\\\"))\"), '(Request ID: {rid[:8]}-{rid[8:12]}-{rid[12:16]}-{rid[16:20]}-{rid[20:]})')' "
+                   f"thrown while requesting {method} {url}")
+            if k <= HUB_RETRIES:
+                wait = min(8, 2 ** (k - 1))
+                sc.raw(t, f"{prefix}Retrying in {wait}s [Retry {k}/{HUB_RETRIES}].")
+                t += wait
+        return t - dt
+
+    def hub_wait(self) -> None:
+        """The API server reads the model's config through huggingface_hub: on a node without internet
+        and without ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``) it first waits out the Hub's
+        retries (sparkrun sets both once the weights are local: ../shared/research/real-dgx-os.md
+        "Offline worker"); everything after starts that much later."""
+        d, args = self.driver, self.args
+        if d is None or self.node.internet or args.model.startswith(("/", ".")) or \
+                _offline(d.env, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            return
+        took = self._hub_retries(self.sc, 0.8, self.api, f"https://huggingface.co/{args.model}/resolve/main/config.json")
+        self.t0 += took
+        for sc in self.scripts.values():
+            sc.t0 += took
 
     def check_model(self) -> None:
         """A model that needs a newer vLLM (Qwen3.5 on 0.14) fails the ``ModelConfig`` validation."""
@@ -371,6 +469,8 @@ class ServePlan:
             assert c.headless is not None
             n = cluster.node(c.node)
             self.span_nodes.append((n, c.headless.pid))
+            if self.driver is not None:
+                self.rank_env[n.name] = dict(c.env)
             self.scripts[n.name] = _Script(cluster, t0)
             run.peer_lines[n.name] = self.scripts[n.name].lines
             run.peer_containers[n.name] = c.name
@@ -449,6 +549,7 @@ class ServePlan:
         for m in members:
             n = cluster.node(m.node)
             self.span_nodes.append((n, stable_int(200, 3000, n.name, t0, "raywrk")))
+        self._ray_env(members)
         span_nodes = self.span_nodes
         run.nodes = tuple(n.name for n, _ in span_nodes)
         run.rank_pids = tuple(pid for _, pid in span_nodes)
@@ -471,7 +572,58 @@ class ServePlan:
                                                  "torch.distributed.init_process_group(")], msg, "nccl", pfx)
         sc.log(self.t, core + f"(RayWorkerWrapper pid={span_nodes[0][1]}) ", "INFO", "pynccl.py:111",
                "vLLM is using nccl==2.27.5")
+        self._nccl_queue_pairs()
         run.nccl_at = t0 + self.t
+
+    def _ray_env(self, members: list[RayMember]) -> None:
+        """What each Ray worker runs with: the environment of the Ray container on its node (its
+        raylet's), over which vLLM >= 0.17 copies the driver's ``VLLM_``/``NCCL_``/``HF_``/... variables
+        (PR #34383), except vLLM's worker-specific ones and those listed in the driver container's
+        ``ray_non_carry_over_env_vars.json``. Logged as vLLM's ray_env.py logs it."""
+        d = self.driver
+        if d is None:
+            return
+        copied = ray_copied(d, self.version)
+        if version_at_least(self.version, 0, 17):
+            sc, core, t = self.sc, self.core, self.t + 0.9
+            if d.bad_file:
+                sc.log(t, core, "WARNING", "ray_env.py:25", f"Failed to parse {d.config_file}. Using an empty set "
+                       "for non-carry-over env vars.")
+            sc.log(t, core, "INFO", "ray_env.py:100", f"Env var prefixes to copy: {sorted(RAY_COPY_PREFIXES)}")
+            sc.log(t, core, "INFO", "ray_env.py:101", "Copying the following environment variables to workers: "
+                   f"{sorted(copied)}")
+            if d.non_carry:
+                shown = "{" + ", ".join(repr(x) for x in sorted(d.non_carry)) + "}"
+                sc.log(t, core, "INFO", "ray_env.py:107", f"RAY_NON_CARRY_OVER_ENV_VARS from config: {shown}")
+            sc.log(t, core, "INFO", "ray_env.py:111", f"To exclude env vars from copying, add them to {d.config_file}")
+        for m in members:
+            ct = self.cluster.container(m.node, m.container) if m.container else None
+            own = dict(ct.env) if ct is not None else (dict(d.env) if m.node == self.node.name else {})
+            self.rank_env[m.node] = {**own, **copied}
+
+    def _nccl_queue_pairs(self) -> None:
+        """NCCL connects the ranks' queue pairs on its first collective (pynccl's warm-up all-reduce):
+        a rank whose ``NCCL_IB_GID_INDEX`` is not a RoCE v2 IPv4 GID of its node (the head's index
+        copied onto a worker whose table differs), or whose ``NCCL_IB_HCA`` names a device without an
+        IPv4 GID, fails the INIT->RTR transition (tests/fixtures/real/dgx-os/nccl-wrong-gid-index.txt)."""
+        if self.driver is None:
+            return
+        for n, pid in self.span_nodes:
+            dev = nccl_ib_problem(self.cluster, n, self.rank_env.get(n.name, {}))
+            if dev is None:
+                continue
+            pfx = self._ray_worker(n, pid)
+            self.sc.raw(self.t + 0.4, f"{pfx}{n.name}:{pid}:{pid + 61} [0] misc/ibvwrap.cc:262 NCCL WARN Call to "
+                        f"ibv_modify_qp failed with 22 Invalid argument, on dev {dev}:1, curr state INIT, next state RTR")
+            frames = [(f"{PY}/vllm/distributed/device_communicators/pynccl.py", 139, "__init__",
+                       "self.all_reduce(data)"),
+                      (f"{PY}/vllm/distributed/device_communicators/pynccl.py", 160, "all_reduce",
+                       "self.nccl.ncclAllReduce("),
+                      (f"{PY}/vllm/distributed/device_communicators/pynccl_wrapper.py", 365, "ncclAllReduce",
+                       "self.NCCL_CHECK("),
+                      (f"{PY}/vllm/distributed/device_communicators/pynccl_wrapper.py", 306, "NCCL_CHECK",
+                       'raise RuntimeError(f"NCCL error: {error_str}")')]
+            self.engine_failed(self.t + 0.6, frames, NCCL_SYSTEM_ERROR, "nccl", pfx)
 
     # ---- P3: the start-up memory check ------------------------------------------------------------
 
@@ -503,6 +655,7 @@ class ServePlan:
         t_load = self.t_load = self.t + 0.3
         self.lead = self.rank_prefix(self.span_nodes[0][0], self.span_nodes[0][1], 0)
         self.rank_log(t_load, "INFO", "gpu_model_runner.py:3764", f"Starting to load model {args.model}...")
+        t_load += self._weights_hub_wait(t_load + 0.2)
         if "FP8" in args.model:
             self.rank_log(t_load + 0.4, "INFO", "fp8.py:190", "DeepGEMM is disabled because the platform does not "
                           "support it.")
@@ -553,6 +706,21 @@ class ServePlan:
         self.rank_log(self.t, "INFO", "gpu_model_runner.py:3846",
                       f"Model loading took {gib(w_ranks[0])} GiB memory and {took:.6f} seconds")
 
+    def _weights_hub_wait(self, dt: float) -> float:
+        """Each rank's loader asks the Hub for the checkpoint's index first (vLLM's
+        ``download_weights_from_hf``) unless ``HF_HUB_OFFLINE=1`` in its environment: a rank on a node
+        without internet waits out the retries. The load goes on when the slowest rank has."""
+        if self.driver is None or self.args.model.startswith(("/", ".")):
+            return 0.0
+        url = f"https://huggingface.co/{self.args.model}/resolve/main/model.safetensors.index.json"
+        longest = 0.0
+        for rank, (n, pid) in enumerate(self.span_nodes):
+            if n.internet or _offline(self.rank_env.get(n.name, {}), "HF_HUB_OFFLINE"):
+                continue
+            pfx = self.rank_prefix(n, pid, rank)
+            longest = max(longest, self._hub_retries(self.scripts.get(n.name, self.sc), dt, pfx, url))
+        return longest
+
     def _hold_weights(self, t_bar: float, t_read: float, t_stop: float, oom_node: SimNode | None,
                       oom_frac: float) -> None:
         """Each rank's process holds its weights as they load (up to what was free if it dies),
@@ -573,7 +741,8 @@ class ServePlan:
                                 container=self.container if n is self.node else _ray_container(cluster, n.name))
             run.holders.append(holder)
             cluster.cache_ramps.append(_ramp(n.name, t0 + t_bar, t0 + t_bar + t_read * oom_frac,
-                                             (spec.disk_bytes if spec else 8 * 10**9) * oom_frac, holder.curve))
+                                             (spec.disk_bytes if spec else 8 * 10**9) * oom_frac, holder.curve,
+                                             cluster.model_dir(n.name, run.model)))
 
     def _oom_in_loading(self, oom_node: SimNode, oom_frac: float, shards: int, t_stop: float) -> NoReturn:
         """The rank whose weights outgrow what was free dies with PyTorch's ``CUDA out of memory``."""

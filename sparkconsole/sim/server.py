@@ -7,7 +7,11 @@ a temporary directory and returns a :class:`~sparkconsole.config.ClusterConfig` 
 real SSH transport at them, so the console verifies host keys exactly as it does with real nodes.
 Plain OpenSSH works too::
 
-    ssh -i KEY -p PORT -o UserKnownHostsFile=FILE root@127.0.0.1 nvidia-smi
+    ssh -i KEY -p PORT -o UserKnownHostsFile=FILE nvidia@127.0.0.1 nvidia-smi
+
+Who logs in: the node's login user (``SimCluster.login``: ``nvidia`` on a stock node, root on the
+permissive twin). A stock node's sshd refuses any other user name, root included, as Ubuntu's does
+(``PermitRootLogin prohibit-password`` and no key for root): ``Permission denied (publickey)``.
 
 What the server does with an exec request: a command containing the probe's ``HEADER`` runs the
 probe protocol (one line per tick on stdin naming sections; each section's ``argv`` goes through
@@ -60,6 +64,9 @@ class _Server(asyncssh.SSHServer):
             self.owner.connections.discard(self.conn)
 
     def begin_auth(self, username: str) -> bool:
+        sim, node = self.owner.sim, self.owner.node
+        if not sim.permissive and username != sim.login(node).user and self.conn is not None:
+            self.conn.set_authorized_keys(None)  # no key opens this account: "Permission denied (publickey)"
         return True  # public-key auth against the demo's client key (authorized_client_keys)
 
     def password_auth_supported(self) -> bool:
@@ -168,7 +175,7 @@ class NodeServer:
             cmd = process.command
             if cmd is None and process.get_terminal_type():
                 process.stdout.write(f"{self.node}: this simulated Spark only runs commands "
-                                     "(ssh ... root@127.0.0.1 COMMAND)\r\n")
+                                     f"(ssh ... {self.sim.login(self.node).user}@127.0.0.1 COMMAND)\r\n")
                 process.exit(0)
                 return
             if cmd is None or cmd.strip() in _STDIN_SHELLS:
@@ -266,7 +273,7 @@ class DemoCluster:
         out = []
         for name, srv in self.servers.items():
             out.append(f"{name}: ssh -i {self.key_path} -p {srv.port} -o UserKnownHostsFile={self.known_hosts_path} "
-                       f"-o IdentitiesOnly=yes {DEMO_USER}@127.0.0.1")
+                       f"-o IdentitiesOnly=yes {self.sim.login(name).user}@127.0.0.1")
         return out
 
     def inventory_toml(self) -> str:
@@ -347,7 +354,7 @@ async def start_cluster(sim: SimCluster, workdir: str | os.PathLike[str] | None 
         servers[name] = srv
         pub = host_key.export_public_key("openssh").decode().strip()
         kh_lines.append(f"[127.0.0.1]:{port} {pub}")
-        nodes.append(NodeConfig(name=name, host="127.0.0.1", user=DEMO_USER, port=port, role=node.role,
+        nodes.append(NodeConfig(name=name, host="127.0.0.1", user=sim.login(name).user, port=port, role=node.role,
                                 fast_link="enp1s0f1np1", known_hosts=str(wd / "known_hosts"),
                                 identity=str(key_path)))
     kh = wd / "known_hosts"

@@ -1,11 +1,11 @@
 """What a container's Python prints that is not vLLM's server log: the engine check and SGLang.
 
-* :func:`engine_check`: ``docker run --rm --entrypoint python3 IMAGE -c PROGRAM`` where PROGRAM
-  imports vllm / transformers / sglang / torch in try blocks and asks vLLM's ``ModelRegistry``
-  about architectures. The sim cannot run Python, so it reads the module names (in the order the
-  program imports them) and the architecture names (``...For...`` identifiers) from the program
-  text and answers from the image catalogue: ``vllm 0.17.0``, ``sglang -`` when not importable,
-  ``arch NAME yes|no`` (``-`` in an image without vLLM, whose registry cannot be imported).
+* :func:`engine_check`: ``docker run --rm [--gpus all] --entrypoint python3 IMAGE -c PROGRAM``
+  (the console's :func:`sparkconsole.deploy.engines.engine_program`, or any other program): the
+  program is compiled and evaluated by :mod:`sparkconsole.sim.pyexec` against what the image
+  carries (:func:`sparkconsole.sim.container.python_context`): module versions, its commands, torch's
+  CUDA build and arch list, the GPU when the container was given one, vLLM's and SGLang's model
+  registries. A syntax error, a missing module or a name the image lacks fails as CPython would.
 * :func:`sglang_launch`: ``python3 -m sglang.launch_server --model-path X --tp 2 --nnodes 2
   --node-rank R --dist-init-addr IP:PORT``. Across nodes the ranks meet at the rendezvous address,
   both log ``CustomAllreduce is disabled because this process group spans across nodes.`` and
@@ -15,46 +15,23 @@
 
 from __future__ import annotations
 
-import re
 import time
 from typing import TYPE_CHECKING
 
-from sparkconsole.sim.model import Container, Image, LogLine, image_archs
+from sparkconsole.sim.model import Container, Image, LogLine
+from sparkconsole.sim.pyexec import run_program
 
 if TYPE_CHECKING:
     from sparkconsole.sim.model import SimCluster
 
-MODULES = ("vllm", "transformers", "sglang", "torch")
 
+def engine_check(img: Image, program: str, gpu: bool = False, env: dict[str, str] | None = None,
+                 argv: list[str] | None = None) -> tuple[str, str, int]:
+    """``python3 -c program`` in ``img`` (``gpu``: the container was run with ``--gpus``):
+    (stdout, stderr, exit status)."""
+    from sparkconsole.sim.container import python_context
 
-def engine_check(img: Image, program: str) -> str:
-    order: list[tuple[int, str]] = []
-    for m in re.finditer(r"\b(?:from\s+([\w.]+)\s+import|import\s+([\w., ]+))", program):
-        names = [m.group(1)] if m.group(1) else [n.strip().split(" ")[0] for n in m.group(2).split(",")]
-        for k, n in enumerate(names):
-            top = n.split(".")[0]
-            if top in MODULES:
-                order.append((m.start() + k, top))
-    for m in re.finditer(r"""['"](vllm|transformers|sglang|torch)['"]""", program):  # importlib.import_module(m)
-        order.append((m.start(), m.group(1)))
-    order.sort()
-    seen: list[str] = []
-    for _pos, mod in order:
-        if mod not in seen:
-            seen.append(mod)
-    versions = {"vllm": img.vllm_version, "transformers": img.transformers, "torch": img.torch,
-                "sglang": img.sglang_version}
-    lines = [f"{mod} {versions[mod] or '-'}" for mod in seen]
-    archs = []
-    for name in re.findall(r"\b([A-Z][A-Za-z0-9_]*For(?:CausalLM|ConditionalGeneration|SequenceClassification|"
-                           r"MaskedLM|Embedding))\b", program):
-        if name not in archs:
-            archs.append(name)
-    # the program asks vLLM's registry, and SGLang's when there is no vLLM (if it imports it)
-    asks_sglang = "sglang.srt.models.registry" in program
-    known = image_archs(img) if img.vllm_version or (img.sglang_version and asks_sglang) else None
-    lines += [f"arch {a} {'-' if known is None else 'yes' if a in known else 'no'}" for a in archs]
-    return "".join(ln + "\n" for ln in lines)
+    return run_program(program, python_context(img, gpu, env, argv))
 
 
 def _opt(argv: list[str], name: str, default: str) -> str:

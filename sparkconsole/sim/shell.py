@@ -12,16 +12,17 @@ family      commands
 ==========  =========================================================================================
 builtins    ``cd export unset set shift exit return break continue true false : test [ echo printf
             read eval wait kill command type trap umask pwd``
-wrappers    ``nohup setsid sudo [-n] timeout env nice exec sh|bash [-c SCRIPT | FILE | stdin]``
+wrappers    ``nohup setsid sudo [-n] [-l] timeout env nice exec sh|bash [-c SCRIPT | FILE | stdin]``
 files       ``cat grep head tail [-F] wc ls mkdir rm rmdir touch ln -s mv readlink basename dirname
-            find sha256sum du df`` over the node's file system (``/proc``, ``/sys`` virtual)
+            find sha256sum du df tee`` over the node's file system (``/proc``, ``/sys`` virtual)
 sys         ``hostname uname nproc lscpu uptime sleep which free date id whoami nvidia-smi systemctl
-            journalctl [-k] dmesg ps pgrep pkill``
+            journalctl [-k] dmesg ps pgrep pkill true false``
 net         ``ibdev2netdev ip ethtool ping ssh ss curl``
 docker      ``docker ps stats images image info version logs stop start restart kill rm run exec inspect
             pull save|ssh docker load``; in a container: ``vllm serve``, ``python3 -m ...``, ``python3 -c``
 ray         ``ray start --head|--address, ray status, ray stop``
-hf          ``hf download``, ``hf auth whoami``, ``huggingface-cli download``
+hf          ``hf download``, ``hf auth whoami``, ``huggingface-cli download`` (in containers and on
+            the permissive twin: a stock host has none)
 rsync       ``rsync -a [-L|--copy-unsafe-links] [--partial] [--size-only] [--exclude P]
             [--info=progress2] [-e ssh] SRC [HOST:]DEST``
 ==========  =========================================================================================
@@ -29,9 +30,16 @@ rsync       ``rsync -a [-L|--copy-unsafe-links] [--partial] [--size-only] [--exc
 Not modelled: job control (``fg``, ``jobs``), ``set -e``/``-u``/``pipefail`` (accepted, ignored),
 streaming pipelines (stages run one after the other, so ``tail -f X | grep`` never ends), aliases,
 ``case`` fall-through, arrays (bash), ``python3`` on the host, any tool not listed (``sh: 1: foo:
-not found``, exit 127). Containers share the node's file system (every ``-v`` mount in a
-deployment maps a path to itself). ``kill PID`` of a ``sh -c`` wrapper kills the ``sh`` only, as
-on Linux: ``kill -- -PGID`` stops the group (a ``setsid`` job's pgid is its pid).
+not found``, exit 127). A container sees the node's files only through its ``-v HOST:CTR``
+bind mounts; every other path is its own (:class:`~sparkconsole.sim.container.ContainerFS`).
+``kill PID`` of a ``sh -c`` wrapper kills the ``sh`` only, as on Linux: ``kill -- -PGID`` stops
+the group (a ``setsid`` job's pgid is its pid).
+
+Who runs the commands (:meth:`SimCluster.login <sparkconsole.sim.model.SimCluster.login>`): on a stock
+node (every scenario but ``permissive``) the login user ``nvidia`` (uid 1000, in ``sudo`` and
+``docker``, home ``/home/nvidia``), whose ``sudo`` needs a password (only the node's NOPASSWD rules,
+``SimNode.sudo_rules``, pass ``sudo -n``) and whom a peer's sshd takes (``root@PEER``: ``Permission
+denied (publickey)``); containers run as root. On the permissive twin: root everywhere, as before.
 """
 
 from __future__ import annotations

@@ -43,6 +43,18 @@ Every line is built from the format strings of the real vLLM release the image c
   on the worker) in its own container's log (``EngineRun.peer_lines``) and its memory on its own
   node. Stopping the worker's container: the head hangs on NCCL and dies by the watchdog
   (:func:`worker_lost`); stopping the head: the worker hangs the same way (:func:`head_stopped`).
+* vLLM >= 0.17 over Ray copies the driver's ``VLLM_``/``LMCACHE_``/``NCCL_``/``UCX_``/``HF_``/
+  ``HUGGING_FACE_`` variables onto every worker (PR #34383; logged as ``ray_env.py`` logs it, with
+  ``To exclude env vars from copying, add them to $VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json``),
+  except vLLM's worker-specific ones and the names that file lists (:class:`DriverEnv`): a worker
+  whose effective ``NCCL_IB_GID_INDEX`` is not its node's RoCE v2 IPv4 GID, or whose ``NCCL_IB_HCA``
+  names a device without an IPv4 GID, fails NCCL's first collective with ``NCCL WARN Call to
+  ibv_modify_qp failed with 22 Invalid argument, on dev D:1, curr state INIT, next state RTR`` and
+  ``RuntimeError: NCCL error: unhandled system error`` (tests/fixtures/real/dgx-os/
+  nccl-wrong-gid-index.txt);
+* on a node without internet and without ``HF_HUB_OFFLINE=1`` huggingface_hub first waits out its
+  retries (``... thrown while requesting HEAD https://huggingface.co/...``, ``Retrying in Ns [Retry
+  k/5].``): the API server for the model's config, each rank for the checkpoint's index;
 * chat completions take prefill plus ``completion_tokens / rate`` of sim time
   (:data:`DECODE_TOK_S`, :func:`chat_seconds`).
 
@@ -56,6 +68,7 @@ phase in :class:`~sparkconsole.sim.serve_plan.ServePlan`.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -105,6 +118,41 @@ class ServeArgs:
 
 class ServeArgError(ValueError):
     pass
+
+
+@dataclass
+class DriverEnv:
+    """The environment a ``vllm serve`` process runs with (its container's, plus ``docker exec -e``)
+    and what it read from ``$VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json`` in that container
+    (``bad_file``: the file did not parse; vLLM warns and copies everything)."""
+
+    env: dict[str, str]
+    non_carry: frozenset[str] = frozenset()
+    config_file: str = "/root/.config/vllm/ray_non_carry_over_env_vars.json"
+    bad_file: bool = False
+
+
+# vLLM >= 0.17 (PR #34383) copies, from the driver to every Ray worker, each variable with one of these
+# prefixes (plus PYTHONHASHSEED and vLLM's registered ones), except vLLM's worker-specific set and the
+# names in ray_non_carry_over_env_vars.json [vllm/ray/ray_env.py, vllm/v1/executor/ray_executor.py]
+RAY_COPY_PREFIXES = ("HF_", "HUGGING_FACE_", "LMCACHE_", "NCCL_", "UCX_", "VLLM_")
+RAY_COPY_EXTRA = frozenset({"PYTHONHASHSEED", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+RAY_WORKER_SPECIFIC = frozenset({"VLLM_HOST_IP", "VLLM_HOST_PORT", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES",
+                                 "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+
+
+def version_at_least(version: str, major: int, minor: int) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (major, minor)
+
+
+def ray_copied(driver: DriverEnv, version: str) -> dict[str, str]:
+    """What the driver's Ray executor copies onto every worker: nothing before vLLM 0.17."""
+    if not version_at_least(version, 0, 17):
+        return {}
+    skip = RAY_WORKER_SPECIFIC | driver.non_carry
+    return {k: v for k, v in driver.env.items()
+            if (k.startswith(RAY_COPY_PREFIXES) or k in RAY_COPY_EXTRA) and k not in skip}
 
 
 _VALUE_FLAGS = {
@@ -473,14 +521,17 @@ def plan_serve(
     t0: float,
     pid_api: int = 1,
     activity: float = 0.0,
+    driver_env: DriverEnv | None = None,
 ) -> EngineRun:
-    """Plan one ``vllm serve`` run started at sim time ``t0`` in ``container`` on ``node``.
+    """Plan one ``vllm serve`` run started at sim time ``t0`` in ``container`` on ``node``
+    (``driver_env``: its process's environment; None for the scenarios' long-running services,
+    whose start is history: no Hub wait, nothing copied to Ray workers).
 
     A TP worker's node that is already due to be lost (``lost_at`` set, as in the ``node-lost``
     scenario) is applied to the plan at once: see :func:`worker_lost`."""
     from sparkconsole.sim.serve_plan import ServePlan  # it builds on this module's formats and frames
 
-    run = ServePlan(cluster, node, container, version, args, t0, pid_api, activity).plan()
+    run = ServePlan(cluster, node, container, version, args, t0, pid_api, activity, driver_env=driver_env).plan()
     losses = sorted((cluster.node(n).lost_at, n) for n in run.nodes[1:] if cluster.node(n).lost_at is not None)
     if losses:
         lost_at, name = losses[0]
@@ -728,10 +779,10 @@ def _ray_container(cluster: SimCluster, node: str) -> str | None:
     return m.container if m else None
 
 
-def _ramp(node: str, t0: float, t1: float, nbytes: float, reader: Curve | None = None):
+def _ramp(node: str, t0: float, t1: float, nbytes: float, reader: Curve | None = None, path: str = ""):
     from sparkconsole.sim.model import CacheRamp
 
-    return CacheRamp(node, t0, max(t1, t0 + 1e-3), nbytes, reader)
+    return CacheRamp(node, t0, max(t1, t0 + 1e-3), nbytes, reader, path)
 
 
 # ---- traffic (periodic lines once ready) -------------------------------------------------------

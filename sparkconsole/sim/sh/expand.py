@@ -37,7 +37,8 @@ async def segments(env: Env, word: str, in_dquote: bool = False, tilde: bool = T
     out: list[Seg] = []
     i, n = 0, len(word)
     if tilde and not in_dquote and (word == "~" or word.startswith("~/")):
-        out.append((env.getvar("HOME") or "/root", True, False))
+        # $HOME, else the home of the user the shell runs as (the node's login user: /home/nvidia)
+        out.append((env.getvar("HOME") or getattr(getattr(env, "account", None), "home", "/"), True, False))
         i = 1
     lit: list[str] = []
 

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparkconsole.sim.model import ROOT, Account
 from sparkconsole.sim.procs import SIGNALS, Process, ProcTable
 from sparkconsole.sim.sh import expand as X
 from sparkconsole.sim.sh.parse import (
@@ -43,7 +44,7 @@ from sparkconsole.sim.sh.parse import (
     Simple,
     parse,
 )
-from sparkconsole.sim.vfs import VFS, FsError
+from sparkconsole.sim.vfs import VFS, FsError, MountView
 
 if TYPE_CHECKING:
     from sparkconsole.sim.model import SimCluster
@@ -96,10 +97,34 @@ class _Return(Exception):
         self.code = code
 
 
-DEFAULT_ENV = {
-    "HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "USER": "root",
-    "LOGNAME": "root", "SHELL": "/bin/bash", "LANG": "C.UTF-8", "PWD": "/root",
-}
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def login_env(acct: Account) -> dict[str, str]:
+    """What sshd gives a session of ``acct``: its home, name and shell (pam_env and login.defs)."""
+    return {"HOME": acct.home, "PATH": PATH, "USER": acct.user, "LOGNAME": acct.user, "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8", "PWD": acct.home}
+
+
+# Tools a stock DGX OS host does not have: no ``hf``/``huggingface-cli`` (system pip refuses installs,
+# PEP 668) and no ``uv``/``uvx`` ("Tools on the host" in the DGX OS research: dgx-spark-playbooks,
+# eugr/spark-vllm-docker). Containers (the vLLM images) have ``hf``; the permissive twin keeps it.
+HOST_ABSENT = frozenset({"hf", "huggingface-cli", "uv", "uvx"})
+
+# sudo as Ubuntu 24.04 ships it (sudo.ws 1.9): ``Defaults secure_path`` in /etc/sudoers, and the texts of
+# a refused authentication (tests/fixtures/real/dgx-os/sudo-n-password-required.txt; sudo.ws's
+# plugins/sudoers/auth/sudo_auth.c and src/tgetpass.c)
+SUDO_SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/snap/bin"
+SUDO_PASSWORD_REQUIRED = "sudo: a password is required\n"
+SUDO_NO_TERMINAL = ("sudo: a terminal is required to read the password; either use the -S option to read from "
+                    "standard input or configure an askpass helper\n")
+SUDO_VALUE_OPTS = "CDgpRrTtUu"  # short options that take a value (sudo(8))
+SUDO_LONG = {"--non-interactive": "n", "--list": "l", "--stdin": "S", "--preserve-env": "E", "--set-home": "H",
+             "--login": "i", "--shell": "s", "--background": "b", "--reset-timestamp": "k", "--validate": "v",
+             "--remove-timestamp": "K", "--version": "V", "--help": "h"}
+SUDO_LONG_VALUE = {"--user": "u", "--group": "g", "--close-from": "C", "--chdir": "D", "--prompt": "p",
+                   "--chroot": "R", "--role": "r", "--type": "t", "--command-timeout": "T", "--other-user": "U",
+                   "--host": "h"}
 
 # prefixes that run the rest of their arguments in the same process (exec)
 WRAPPERS = ("nohup", "setsid", "sudo", "timeout", "env", "nice", "exec", "stdbuf", "ionice", "command")
@@ -111,13 +136,16 @@ class Interp:
     def __init__(self, cluster: SimCluster, node: str) -> None:
         self.cluster = cluster
         self.node_name = node
-        self.vars: dict[str, str] = dict(DEFAULT_ENV)
-        self.exported: set[str] = set(DEFAULT_ENV)
+        # who this shell runs as: the node's login user (root under ``sudo``, in a container, or on the
+        # permissive twin); $HOME, ~, cd, id, whoami, sudo and ssh between nodes follow it
+        self.account: Account = cluster.login(node)
+        self.vars: dict[str, str] = login_env(self.account)
+        self.exported: set[str] = set(self.vars)
         self.params: list[str] = []
         self.arg0 = "sh"
         self.last_rc = 0
         self.last_bg: int | None = None
-        self.cwd = "/root"
+        self.cwd = self.account.home
         self.funcs: dict[str, Node] = {}
         self.jobs: dict[int, Process] = {}
         self.proc: Process | None = None
@@ -134,7 +162,15 @@ class Interp:
 
     @property
     def fs(self) -> VFS:
-        return self.cluster.fs(self.node_name)
+        """The node's files; in a container (``docker exec``), seen through its bind mounts."""
+        base = self.cluster.fs(self.node_name)
+        binds = getattr(getattr(self, "container", None), "binds", ())
+        return MountView(base, binds) if binds else base  # type: ignore[return-value]
+
+    def absent(self, name: str) -> bool:
+        """Whether tool ``name`` is missing here (stock host: no ``hf``; see ``HOST_ABSENT``)."""
+        return (name in HOST_ABSENT and not self.cluster.permissive
+                and getattr(self, "container", None) is None)
 
     @property
     def procs(self) -> ProcTable:
@@ -321,9 +357,19 @@ class Interp:
             return None
         left = await self._expand_words(cmds[0].words)  # type: ignore[union-attr]
         right = await self._expand_words(cmds[1].words)  # type: ignore[union-attr]
+        raw_left = left
         left, right = self.peel(left), self.peel(right)
         if left[:2] == ["docker", "save"] and right[:1] == ["ssh"]:
-            return await self.image_copy(left, right, io)  # type: ignore[attr-defined]
+            refused = self.sudo_refusal(raw_left)
+            if refused is not None:  # nothing is saved: the far side's load reads an empty stream
+                io.err(refused)
+                io.err("requested load from stdin, but stdin is empty\n")
+                return 1
+            saver = self
+            if raw_left[:1] == ["sudo"] and not self.account.root:
+                saver = self.fork()
+                saver.account = ROOT
+            return await saver.image_copy(left, right, io)  # type: ignore[attr-defined]
         return None
 
     @staticmethod
@@ -528,13 +574,7 @@ class Interp:
                     argv = argv[2:] if argv[0] in ("-n", "-c") else argv[1:]
                 continue
             if name == "sudo":
-                argv = argv[1:]
-                while argv and argv[0].startswith("-"):
-                    argv = argv[2:] if argv[0] in ("-u", "-g") else argv[1:]
-                if not argv:
-                    io.err("usage: sudo -h | -K | -k | -V\n")
-                    return 1
-                continue
+                return await self._sudo(argv, io)
             if name == "env":
                 argv = argv[1:]
                 env = dict(io.env)
@@ -582,6 +622,137 @@ class Interp:
             await inner
         return 124
 
+    # ---- sudo --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _sudo_parse(argv: list[str]) -> tuple[set[str], str, list[str]]:
+        """``sudo [OPTIONS] [--] COMMAND...``: (the option letters, the -u user, the command)."""
+        args = list(argv[1:])
+        opts: set[str] = set()
+        user = "root"
+        while args and args[0].startswith("-") and args[0] != "-":
+            a = args.pop(0)
+            if a == "--":
+                break
+            if a.startswith("--"):
+                key, eq, val = a.partition("=")
+                if key in SUDO_LONG_VALUE:
+                    if not eq:
+                        val = args.pop(0) if args else ""
+                    if SUDO_LONG_VALUE[key] == "u":
+                        user = val
+                elif key in SUDO_LONG:
+                    opts.add(SUDO_LONG[key])
+                continue
+            j = 1
+            while j < len(a):
+                ch = a[j]
+                if ch in SUDO_VALUE_OPTS:
+                    val = a[j + 1:] or (args.pop(0) if args else "")
+                    if ch == "u":
+                        user = val
+                    break
+                opts.add(ch)
+                j += 1
+        return opts, user, args
+
+    def _sudo_path(self, name: str) -> str | None:
+        """Where sudo finds ``name`` (``secure_path``; a path is taken as it is)."""
+        return self.which(name)  # type: ignore[attr-defined]
+
+    def sudo_allows(self, cmd: list[str]) -> bool:
+        """Whether sudo runs ``cmd`` without a password: root and the permissive twin always; else
+        only a NOPASSWD rule of the node (``SimNode.sudo_rules``) that matches the command's full
+        path and arguments, as sudoers(5) matches a Cmnd: a rule with a path only allows any
+        arguments, ``ALL`` allows everything."""
+        if self.account.root or self.cluster.permissive:
+            return True
+        path = self._sudo_path(cmd[0]) if cmd else None
+        for rule in self.cluster.node(self.node_name).sudo_rules:
+            if tuple(rule) == ("ALL",):
+                return True
+            if path is not None and rule[0] == path and (len(rule) == 1 or tuple(rule[1:]) == tuple(cmd[1:])):
+                return True
+        return False
+
+    def sudo_refusal(self, argv: list[str]) -> str | None:
+        """What ``sudo`` at the head of ``argv`` prints when it will not run the command (None: it
+        runs, or there is no sudo): ``sudo -n`` says a password is required; without ``-n`` there is
+        no terminal to ask one on (an SSH exec channel has none)."""
+        if argv[:1] != ["sudo"]:
+            return None
+        opts, _user, cmd = self._sudo_parse(argv)
+        if self.sudo_allows(cmd):
+            return None
+        return SUDO_PASSWORD_REQUIRED if "n" in opts else SUDO_NO_TERMINAL + SUDO_PASSWORD_REQUIRED
+
+    def _sudo_env(self, env: dict[str, str], target: Account, argv: list[str]) -> dict[str, str]:
+        """sudoers' ``env_reset`` (the default): a fresh environment with the target user's HOME,
+        USER, LOGNAME and SHELL, ``secure_path`` as PATH, the SUDO_* variables, and only the
+        locale and terminal variables of the caller (sudoers(5), "Command environment")."""
+        kept = {k: v for k, v in env.items()
+                if k in ("TERM", "LANG", "LANGUAGE", "DISPLAY", "XAUTHORITY", "COLORTERM", "TZ") or k.startswith("LC_")}
+        return {**kept, "HOME": target.home, "USER": target.user, "LOGNAME": target.user, "SHELL": "/bin/bash",
+                "PATH": SUDO_SECURE_PATH, "SUDO_COMMAND": " ".join(argv), "SUDO_USER": self.account.user,
+                "SUDO_UID": str(self.account.uid), "SUDO_GID": str(self.account.gid)}
+
+    async def _sudo(self, argv: list[str], io: IO) -> int:
+        """``sudo [-n] [-l] [-u USER] CMD...`` as on stock DGX OS: the login user has no password-less
+        sudo (it is in the ``sudo`` group, which needs a password), so only a NOPASSWD rule lets a
+        command through an SSH exec channel [real-dgx-os.md "The login user": sudo.ws, sparkrun]. A
+        command sudo allows runs as root (a new shell process: ``id`` says root, ``$HOME`` is /root,
+        /proc/sys/vm/drop_caches is writable)."""
+        opts, user, cmd = self._sudo_parse(argv)
+        if opts & {"k", "K"} and not cmd:
+            return 0
+        if "V" in opts:
+            io.out("Sudo version 1.9.15p5\nSudoers policy plugin version 1.9.15p5\n")
+            return 0
+        if not cmd and not opts & {"l", "v", "i", "s"}:
+            io.err("usage: sudo -h | -K | -k | -V\nusage: sudo -v [-ABkNnS] [-g group] [-h host] [-p prompt] "
+                   "[-u user]\nusage: sudo -l [-ABkNnS] [-g group] [-h host] [-p prompt] [-U user]\n"
+                   "            [-u user] [command [arg ...]]\n")
+            return 1
+        if user in ("root", "0", "#0"):
+            target = ROOT
+        elif user == self.account.user:
+            target = self.account
+        else:
+            io.err(f"sudo: unknown user {user}\nsudo: error initializing audit plugin sudoers_audit\n")
+            return 1
+        rules = self.cluster.node(self.node_name).sudo_rules
+        if "l" in opts:  # listpw=any (the default): one NOPASSWD entry lets the user list without a password
+            if not cmd:
+                if not (self.account.root or self.cluster.permissive or rules):
+                    io.err(SUDO_PASSWORD_REQUIRED)
+                    return 1
+                shown = ["ALL"] if self.account.root or self.cluster.permissive else [" ".join(r) for r in rules]
+                io.out(f"User {self.account.user} may run the following commands on {self.node_name}:\n"
+                       + "".join(f"    (root) NOPASSWD: {r}\n" for r in shown))
+                return 0
+            if not self.sudo_allows(cmd):
+                io.err(SUDO_PASSWORD_REQUIRED)
+                return 1
+            path = self._sudo_path(cmd[0])
+            if path is None:
+                return 1
+            io.out(" ".join([path, *cmd[1:]]) + "\n")  # sudo -l CMD: the command as it would run
+            return 0
+        if not self.sudo_allows(cmd):
+            io.err(SUDO_PASSWORD_REQUIRED if "n" in opts else SUDO_NO_TERMINAL + SUDO_PASSWORD_REQUIRED)
+            return 1
+        if not cmd:  # -v: the cached credentials are fine
+            return 0
+        path = self._sudo_path(cmd[0])
+        if path is None:
+            io.err(f"sudo: {cmd[0]}: command not found\n")
+            return 1
+        sub = self.fork()
+        sub.account = target
+        env = dict(io.env) if self.account.root else self._sudo_env(io.env, target, [path, *cmd[1:]])
+        sub.vars, sub.exported = dict(env), set(env)
+        return await sub._exec_argv(cmd, IO(io.out, io.err, io.stdin, env, io.proc))
+
     async def _sh(self, argv: list[str], io: IO) -> int:
         args = argv[1:]
         script: str | None = None
@@ -615,7 +786,7 @@ class Interp:
         name = argv[0]
         base = name.rsplit("/", 1)[-1] if name.startswith(("/usr/", "/bin/", "/sbin/")) else name
         handler: Callable[[list[str], IO], Awaitable[int]] | None = None
-        if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", base):
+        if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", base) and not self.absent(base):
             handler = getattr(self, "c_" + base.replace("-", "_").replace(".", "_"), None)
         if handler is None:
             io.err(f"{self.err_prefix()}{name}: not found\n")
@@ -684,6 +855,10 @@ class Interp:
         if target in ("/dev/stderr", "/dev/fd/2"):
             return err
         if target == "/proc/sys/vm/drop_caches":
+            if not self.account.root:  # mode 0200 root: the login user cannot open it (proc_sys_kernel(5))
+                err(f"{self.err_prefix()}cannot create {target}: Permission denied\n")
+                return None
+
             def drop(s: str) -> None:
                 if s.strip() in ("1", "2", "3"):
                     self.cluster.drop_caches(self.node_name)
@@ -782,7 +957,7 @@ class Interp:
         return 0
 
     async def b_cd(self, argv: list[str], io: IO) -> int:
-        target = argv[1] if len(argv) > 1 else self.vars.get("HOME", "/root")
+        target = argv[1] if len(argv) > 1 else self.vars.get("HOME", self.account.home)
         if target == "-":
             target = self.vars.get("OLDPWD", self.cwd)
         ent = self.fs.lookup(target, True, self.cwd)

@@ -31,7 +31,7 @@ KNOWN_TOOLS = {
     "readlink": "/usr/bin/readlink", "mv": "/usr/bin/mv", "date": "/usr/bin/date", "id": "/usr/bin/id",
     "test": "/usr/bin/test", "[": "/usr/bin/[", "basename": "/usr/bin/basename", "dirname": "/usr/bin/dirname",
     "whoami": "/usr/bin/whoami", "rmdir": "/usr/bin/rmdir", "ibv_devinfo": "/usr/bin/ibv_devinfo",
-    "dmesg": "/usr/bin/dmesg",
+    "dmesg": "/usr/bin/dmesg", "tee": "/usr/bin/tee", "which": "/usr/bin/which", "dd": "/usr/bin/dd",
 }
 
 LSCPU = """Architecture:                            aarch64
@@ -143,6 +143,15 @@ def _ssh_target(args: list[str]) -> tuple[str | None, list[str]]:
     if i >= len(args):
         return None, []
     return args[i], args[i + 1:]
+
+
+def _ssh_user(args: list[str], target: str) -> tuple[str | None, str]:
+    """(user, host) of an ssh destination: ``USER@HOST``, else ``-l USER`` among the options, else
+    no user (ssh then logs in as the local user)."""
+    if "@" in target:
+        user, _, host = target.rpartition("@")
+        return user, host
+    return _opt_val(args, "-l", None), target
 
 
 def _repo_of_path(p: str) -> str | None:

@@ -1,6 +1,6 @@
 """File tools over the node's file system: ``cat``, ``grep``, ``head``, ``tail`` (``-n``, ``-c
 [+]N``, ``-f``/``-F`` following a growing file), ``wc``, ``ls``, ``mkdir``, ``rm``, ``touch``,
-``ln -s``, ``mv``, ``readlink``, ``basename``/``dirname``, ``find`` (``-L``, ``-type``,
+``ln -s``, ``mv``, ``tee [-a]``, ``readlink``, ``basename``/``dirname``, ``find`` (``-L``, ``-type``,
 ``-xtype``, ``-name``, ``-maxdepth``, ``-printf``), ``sha256sum`` (sim time at about 1.5 GB/s;
 ``-c``), ``du`` (``-s``, ``-b``, ``-h``, ``-L``) and ``df`` (``-B1 -P``, ``-h``; a missing path
 fails as real ``df`` does). Messages and exit codes are GNU coreutils / findutils'.
@@ -16,7 +16,7 @@ import re
 from sparkconsole.sim import formats as F
 from sparkconsole.sim.sh.interp import IO
 from sparkconsole.sim.tools.common import _bre
-from sparkconsole.sim.vfs import FsError, Inode
+from sparkconsole.sim.vfs import FsError, Inode, node_path
 
 SHA_BPS = 1.5e9  # sha256sum over NVMe, bytes per second
 
@@ -362,6 +362,62 @@ class FileTools:
                 io.err(f"touch: cannot touch '{p}': {_why(exc)}\n")
                 rc = 1
         return rc
+
+    async def c_tee(self, argv: list[str], io: IO) -> int:
+        """GNU ``tee [-a] FILE...``: stdin to stdout and to each file. ``/proc/sys/vm/drop_caches``
+        (mode 0200, root) drops the node's page cache when root writes 1, 2 or 3 to it (``echo 3 |
+        sudo -n /usr/bin/tee /proc/sys/vm/drop_caches``, sparkrun's rule); as the login user it is
+        ``tee: FILE: Permission denied`` and exit 1, the copy to stdout still made."""
+        opts, paths = _split_opts(argv[1:])
+        append = "-a" in opts or "--append" in opts
+        data = io.stdin or ""
+        rc = 0
+        for p in paths:
+            if p == "/dev/null":
+                continue
+            if p in ("/dev/stdout", "/dev/stderr"):
+                (io.err if p == "/dev/stderr" else io.out)(data)
+                continue
+            if self.fs.norm(p, self.cwd) == "/proc/sys/vm/drop_caches":
+                if not self.account.root:  # type: ignore[attr-defined]
+                    io.err(f"tee: {p}: Permission denied\n")
+                    rc = 1
+                elif data.strip() in ("1", "2", "3"):
+                    self.cluster.drop_caches(self.node_name)
+                continue
+            try:
+                real = self.fs.open_write(p, append, self.cwd)
+            except FsError as exc:
+                io.err(f"tee: {p}: {_why(exc)}\n")
+                rc = 1
+                continue
+            self.fs.append(real, data)
+        io.out(data)
+        return rc
+
+    async def c_dd(self, argv: list[str], io: IO) -> int:
+        """GNU ``dd if=FILE iflag=nocache count=0 [status=none]``: the file's pages leave the page
+        cache (coreutils: "when count=0 all cached data for the file"; posix_fadvise DONTNEED, open to
+        anyone who may read the file). Copies are not modelled."""
+        ops = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
+        src = ops.get("if")
+        if src is None or "nocache" not in ops.get("iflag", "").split(",") or ops.get("count") != "0" \
+                or any(k not in ("if", "iflag", "count", "status") for k in ops):
+            io.err("sparksim: only `dd if=FILE iflag=nocache count=0 [status=none]` (evicting a file from "
+                   "the page cache) is modelled\n")
+            return 1
+        path = self.fs.norm(src, self.cwd)
+        node = self.fs.lookup(path, True)
+        if node is None or node.kind != "file":
+            io.err(f"dd: failed to open '{src}': "
+                   f"{'No such file or directory' if node is None else 'Is a directory'}\n")
+            return 1
+        host = node_path(self.fs, path)
+        if host:
+            self.cluster.evict(self.node_name, host)
+        if ops.get("status") != "none":
+            io.err("0+0 records in\n0+0 records out\n0 bytes copied, 2.1e-05 s, 0.0 kB/s\n")
+        return 0
 
     async def c_ln(self, argv: list[str], io: IO) -> int:
         opts, paths = _split_opts(argv[1:])

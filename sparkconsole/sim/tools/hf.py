@@ -28,7 +28,7 @@ from sparkconsole.sim.model import (
 )
 from sparkconsole.sim.sh.interp import IO
 from sparkconsole.sim.tools.common import _hf_offline_error
-from sparkconsole.sim.vfs import FsError
+from sparkconsole.sim.vfs import FsError, node_path
 
 STEP_S = 2.0  # sim seconds between progress updates (file sizes, the bar)
 HF_USER = "sparkops"
@@ -39,7 +39,8 @@ class HfTools:
     """Mixin: the ``hf`` and ``huggingface-cli`` commands."""
 
     def _hf_home(self, io: IO) -> str:
-        return io.env.get("HF_HOME") or "/root/.cache/huggingface"
+        home = io.env.get("HOME") or self.account.home  # type: ignore[attr-defined]
+        return io.env.get("HF_HOME") or f"{home.rstrip('/')}/.cache/huggingface"
 
     async def c_huggingface_cli(self, argv: list[str], io: IO) -> int:
         io.err("⚠️  Warning: 'huggingface-cli download' is deprecated. Use 'hf download' instead.\n")
@@ -113,7 +114,7 @@ class HfTools:
         done = total - len(todo)
         t0 = self.now()
         remaining = sum(f.size for f in todo)
-        ramp = CacheRamp(self.node_name, t0, t0 + remaining / INTERNET_BPS, remaining)
+        ramp = CacheRamp(self.node_name, t0, t0 + remaining / INTERNET_BPS, remaining, path=node_path(fs, base))
         self.cluster.cache_ramps.append(ramp)
         moved = 0
         desc = f"Fetching {total} files"

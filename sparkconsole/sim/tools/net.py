@@ -9,14 +9,23 @@ vllm_logs.chat_seconds`).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 
 from sparkconsole.sim import formats as F
 from sparkconsole.sim import vllm_logs
-from sparkconsole.sim.model import MODELS, LogLine, SimNode, repo_files, repo_revision, stable_int
+from sparkconsole.sim.model import (
+    MODELS,
+    LogLine,
+    SimNode,
+    planner_spec,
+    repo_files,
+    repo_revision,
+    stable_int,
+)
 from sparkconsole.sim.sh.interp import IO
-from sparkconsole.sim.tools.common import _opt_val, _ssh_target
+from sparkconsole.sim.tools.common import _opt_val, _ssh_target, _ssh_user
 
 HUB = "huggingface.co"
 
@@ -32,16 +41,17 @@ class NetTools:
         args = argv[1:]
         js = "-j" in args or "-json" in args
         br = "-br" in args or "-brief" in args
+        family = "inet" if "-4" in args else "inet6" if "-6" in args else None
         args = [a for a in args if not a.startswith("-")]
         obj = args[0] if args else ""
         if obj in ("a", "addr", "address"):
             if js:
-                io.out(F.ip_j_addr(self.cluster, self.node_name))
+                io.out(F.ip_j_addr(self.cluster, self.node_name, family))
                 return 0
             only = None
             if len(args) >= 3 and args[1] in ("show", "s", "dev"):
                 only = args[-1]
-            text, rc = F.ip_addr(self.cluster, self.node_name, only)
+            text, rc = (F.ip_br_addr if br else F.ip_addr)(self.cluster, self.node_name, only, family)
             (io.out if rc == 0 else io.err)(text)
             return rc
         if obj in ("l", "link"):
@@ -66,12 +76,15 @@ class NetTools:
     # ---- ping --------------------------------------------------------------------------------
 
     def _route_iface(self, ip: str):
-        """The local interface whose subnet holds ``ip`` (None: via the default route)."""
+        """The local interface whose subnet holds ``ip`` (a /24 of two-subnet, the 169.254/16 of
+        IPv4LL), else the default route's (the LAN)."""
+        try:
+            dst = ipaddress.IPv4Address(ip)
+        except ValueError:
+            return self.node.iface("enP7s7")
         for i in self.node.ifaces:
-            for a in i.ipv4:
-                addr, _, bits = a.partition("/")
-                if bits == "24" and addr.rsplit(".", 1)[0] == ip.rsplit(".", 1)[0]:
-                    return i
+            if i.kind != "loopback" and any(dst in ipaddress.IPv4Interface(a).network for a in i.ipv4):
+                return i
         return self.node.iface("enP7s7")
 
     async def c_ping(self, argv: list[str], io: IO) -> int:
@@ -176,6 +189,18 @@ class NetTools:
             return self.node
         return self.cluster.reachable(self.node, host)
 
+    def ssh_refusal(self, dst: SimNode, user: str | None, host: str) -> str | None:
+        """What ssh prints (stderr, exit 255) when ``dst``'s sshd refuses ``user`` (None: the user
+        this shell runs as), else None. A stock node takes its login user's key only: Ubuntu's sshd
+        has ``PermitRootLogin prohibit-password`` and root has no key from the peer, so
+        ``root@PEER`` fails as OpenSSH says it [real-dgx-os.md "The login user"]; NVIDIA's playbooks
+        exchange keys for ``$USER@peer`` [dgx-spark-playbooks connect-two-sparks]. The permissive
+        twin takes anyone, as before."""
+        user = user or self.account.user  # type: ignore[attr-defined]
+        if self.cluster.permissive or user == self.cluster.login(dst.name).user:
+            return None
+        return f"{user}@{host}: Permission denied (publickey).\r\n"
+
     async def c_ssh(self, argv: list[str], io: IO) -> int:
         from sparkconsole.sim.shell import Shell
 
@@ -207,6 +232,10 @@ class NetTools:
                 io.err(f"ssh: connect to host {h} port 22: No route to host\r\n")
             return 255
         await self.clock.sleep(0.15)
+        refused = self.ssh_refusal(dst, _ssh_user(argv[1:], host)[0], h)
+        if refused is not None:
+            io.err(refused)
+            return 255
         if not cmd:
             io.err("Pseudo-terminal will not be allocated because stdin is not a terminal.\r\n")
             return await Shell(self.cluster, dst.name).run(io.stdin or "", io.out, io.err, "")
@@ -395,7 +424,17 @@ def _write_out(fmt: str, status: int) -> str:
 
 
 def _hub_answer(path: str, query: str) -> tuple[int, str]:
-    """The Hub's answer to ``/api/models/REPO`` and ``/api/models/REPO/tree/main?recursive=true``."""
+    """The Hub's answer to ``/api/models/REPO``, ``/api/models/REPO/tree/main?recursive=true`` and
+    ``/REPO/resolve/REV/config.json`` (the model's config; the planner's bundled one, so a node can
+    read a spec for the console). Other files by ``resolve``: 404 as the Hub answers a missing one."""
+    r = re.match(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
+    if r:
+        spec = planner_spec(r.group(1)) if r.group(1) in MODELS else None
+        if spec is None:
+            return 401 if r.group(1) not in MODELS else 404, json.dumps({"error": "Repository Not Found"})
+        if r.group(3) == "config.json":
+            return 200, json.dumps(dict(spec.config))
+        return 404, json.dumps({"error": "Entry not found"})
     m = re.match(r"/api/models/([^/]+/[^/]+?)(?:/tree/([^/]+)(/.*)?)?/?$", path)
     if not m:
         return 404, "Not Found"

@@ -19,7 +19,7 @@ import re
 
 from sparkconsole.sim.model import FAST_LINK_RSYNC_BPS, LAN_RSYNC_BPS, CacheRamp, stable_hex
 from sparkconsole.sim.sh.interp import IO
-from sparkconsole.sim.tools.common import _progress2
+from sparkconsole.sim.tools.common import _progress2, _ssh_user
 from sparkconsole.sim.vfs import VFS, FsError, Inode
 
 STEP_S = 1.0
@@ -104,6 +104,17 @@ class RsyncTools:
                    "(0 bytes received so far) [sender]\nrsync error: unexplained error (code 255) at io.c(232) "
                    f"[sender={VERSION}]\n")
             return 255
+        dest_home = self.cwd
+        if host is not None:  # over ssh: the far side's sshd decides who logs in (-e 'ssh -l USER' too)
+            user, h = _ssh_user(rsh.split()[1:], host)
+            refused = self.ssh_refusal(dst_node, user, h)  # type: ignore[attr-defined]
+            if refused is not None:
+                await self.clock.sleep(0.2)
+                io.err(f"{refused}rsync: connection unexpectedly closed (0 bytes received so far) [sender]\n"
+                       f"rsync error: unexplained error (code 255) at io.c(232) [sender={VERSION}]\n")
+                return 255
+            who = user or self.account.user  # type: ignore[attr-defined]
+            dest_home = "/root" if who == "root" else self.cluster.login(dst_node.name).home
         sfs: VFS = self.fs
         dfs: VFS = self.cluster.fs(dst_node.name)
         src_top = sfs.norm(src, self.cwd)
@@ -112,7 +123,7 @@ class RsyncTools:
                    f"rsync error: some files/attrs were not transferred (see previous errors) (code 23) at "
                    f"main.c(1338) [sender={VERSION}]\n")
             return 23
-        dest_top = dfs.norm(dest or ".", "/root")
+        dest_top = dfs.norm(dest or ".", dest_home)  # HOST:relative is under the far user's home
         src_is_dir = (sfs.lookup(src_top, True) or Inode("file")).kind == "dir"
         if src_is_dir and not src.endswith("/"):
             dest_top = posixpath.join(dest_top, posixpath.basename(src_top))
@@ -191,7 +202,9 @@ class RsyncTools:
         sent_before = total - sum(e.nbytes() for _r, e, _b in todo)
         t0 = self.now()
         wire = sum(e.nbytes() - b for _r, e, b in todo)
-        ramps = [CacheRamp(n, t0, t0 + wire / rate, wire) for n in {self.node_name, dst_node.name}]
+        ramps = [CacheRamp(self.node_name, t0, t0 + wire / rate, wire, path=src_top)]
+        if dst_node.name != self.node_name:
+            ramps.append(CacheRamp(dst_node.name, t0, t0 + wire / rate, wire, path=dest_top))
         self.cluster.cache_ramps.extend(ramps)
         moved = 0
         xfr = 0

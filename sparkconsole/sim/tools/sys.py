@@ -10,6 +10,7 @@ import re
 import time
 
 from sparkconsole.sim import formats as F
+from sparkconsole.sim.model import ROOT
 from sparkconsole.sim.procs import SIGNALS, Process
 from sparkconsole.sim.sh.interp import IO
 from sparkconsole.sim.tools.common import KNOWN_TOOLS, LSCPU, UNITS_DEFAULT, _opt_val
@@ -19,9 +20,13 @@ class SysTools:
     """Mixin: the system tools of a node's shell."""
 
     def which(self, name: str) -> str | None:
+        """Where ``name`` is installed on this node (None: not installed, e.g. ``hf`` on a stock host)."""
+        base = name.rsplit("/", 1)[-1]
+        if self.absent(base):  # type: ignore[attr-defined]
+            return None
         if name in KNOWN_TOOLS:
             return KNOWN_TOOLS[name]
-        return name if name.startswith("/") and name.rsplit("/", 1)[-1] in KNOWN_TOOLS else None
+        return name if name.startswith("/") and base in KNOWN_TOOLS else None
 
     async def c_hostname(self, argv: list[str], io: IO) -> int:
         if "-I" in argv:
@@ -68,8 +73,9 @@ class SysTools:
     async def c_which(self, argv: list[str], io: IO) -> int:
         rc = 0
         for a in argv[1:]:
-            if a in KNOWN_TOOLS:
-                io.out(KNOWN_TOOLS[a] + "\n")
+            path = self.which(a)
+            if path is not None:
+                io.out(path + "\n")
             else:
                 rc = 1
         return rc
@@ -209,19 +215,42 @@ class SysTools:
         return 0
 
     async def c_id(self, argv: list[str], io: IO) -> int:
-        """coreutils ``id`` for the login user: ``-u``/``-g``/``-G`` (ids), with ``-n`` their names
-        (``id -un`` is how recon reads the login user); flags may be joined (``-un``)."""
-        flags = "".join(a[1:] for a in argv[1:] if a.startswith("-"))
+        """coreutils ``id [USER]`` for the user this shell runs as (the node's login user, root under
+        sudo): ``-u``/``-g``/``-G`` (ids), with ``-n`` their names (``id -un`` is how recon reads the
+        login user); flags may be joined (``-un``). Output as a real Spark's
+        (tests/fixtures/real/dgx-os/stock-spark-id-ip.txt)."""
+        flags = "".join(a[1:] for a in argv[1:] if a.startswith("-") and len(a) > 1)
+        names = [a for a in argv[1:] if not a.startswith("-")]
+        acct = self.account  # type: ignore[attr-defined]
+        if names:
+            login = self.cluster.login(self.node_name)
+            found = {"root": ROOT, "0": ROOT, login.user: login}.get(names[0])
+            if found is None:
+                io.err(f"id: \u2018{names[0]}\u2019: no such user\n")
+                return 1
+            acct = found
         which = next((f for f in "ugG" if f in flags), None)
         if which is None:
-            io.out("uid=0(root) gid=0(root) groups=0(root)\n")
+            groups = ",".join(f"{gid}({name})" for gid, name in acct.groups)
+            io.out(f"uid={acct.uid}({acct.user}) gid={acct.gid}({acct.groups[0][1]}) groups={groups}\n")
+        elif which == "u":
+            io.out((acct.user if "n" in flags else str(acct.uid)) + "\n")
+        elif which == "g":
+            io.out((acct.groups[0][1] if "n" in flags else str(acct.gid)) + "\n")
         else:
-            io.out(("root" if "n" in flags else "0") + "\n")
+            io.out(" ".join(name if "n" in flags else str(gid) for gid, name in acct.groups) + "\n")
         return 0
 
     async def c_whoami(self, argv: list[str], io: IO) -> int:
-        io.out("root\n")
+        io.out(self.account.user + "\n")  # type: ignore[attr-defined]
         return 0
+
+    async def c_true(self, argv: list[str], io: IO) -> int:
+        """``/usr/bin/true`` (the builtin's twin), for what execs it: ``sudo -n true``, ``env true``."""
+        return 0
+
+    async def c_false(self, argv: list[str], io: IO) -> int:
+        return 1
 
     # ---- processes ---------------------------------------------------------------------------
 
