@@ -25,11 +25,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.hosts import FAST_IF, MODEL_ID, Lab, LabHost, fast_link_bytes, fast_link_limited, model_files
+from tests.lab.hosts import (
+    FAST_IF,
+    LOGIN_HOME,
+    MODEL_ID,
+    Lab,
+    LabHost,
+    fast_link_bytes,
+    fast_link_limited,
+    model_files,
+)
 
 pytestmark = [pytest.mark.netns, pytest.mark.sshd, pytest.mark.docker, pytest.mark.timeout(600)]
 
-HUB = "/root/.cache/huggingface/hub"
+HUB = f"{LOGIN_HOME}/.cache/huggingface/hub"  # the login user's cache
 MODEL_DIR = f"{HUB}/models--sclab--tiny-qwen3"
 LOCKS = f"{HUB}/.locks/models--sclab--tiny-qwen3"
 BIG = "model.safetensors"
@@ -192,5 +201,5 @@ def test_killed_mid_copy_resumes_the_cut_file_with_partial(lab_cli, tmp_path: Pa
         for h in lab.hosts:
             if not had[h.name]:
                 h.run("rm", "-rf", MODEL_DIR, LOCKS, check=False)
-        if job_dir.startswith("/root/.cache/sparkconsole/"):
+        if job_dir.startswith(f"{LOGIN_HOME}/.cache/sparkconsole/"):
             a.run("rm", "-rf", job_dir, check=False)

@@ -22,11 +22,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.hosts import FAST_IF, FAST_MTU, MODEL_ID, Lab, LabHost, leftovers, model_files
+from tests.lab.hosts import (
+    FAST_IF,
+    FAST_MTU,
+    LOGIN_HOME,
+    LOGIN_USER,
+    MODEL_ID,
+    Lab,
+    LabHost,
+    leftovers,
+    model_files,
+)
 
 pytestmark = [pytest.mark.netns, pytest.mark.sshd, pytest.mark.docker, pytest.mark.timeout(600)]
 
-SNAP = "/root/.cache/huggingface/hub/models--sclab--tiny-qwen3/snapshots"
+SNAP = f"{LOGIN_HOME}/.cache/huggingface/hub/models--sclab--tiny-qwen3/snapshots"  # the login user's cache
 
 
 def _latest_state(cli) -> dict:
@@ -65,7 +75,8 @@ def test_recon_reads_both_hosts_as_they_are(lab_cli):
         assert link["mtu"] == real["mtu"] == FAST_MTU
         assert link["ipv4"] == [f"{h.fast_ip}/24"]
         assert [a["local"] for a in real["addr_info"] if a["family"] == "inet"] == [h.fast_ip]
-        assert f["home"] == "/root" and f["docker"] == h.docker("version", "--format", "{{.Server.Version}}").stdout.strip()
+        assert f["user"] == LOGIN_USER and f["home"] == LOGIN_HOME  # the login user, not root (DGX OS)
+        assert f["docker"] == h.docker("version", "--format", "{{.Server.Version}}").stdout.strip()
         assert {i["ref"] for i in f["images"]} == set(h.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split())
     # which host reaches the Hub: A (200 from the stand-in), B (no route: curl gives up at once)
     assert facts["lab-a"]["hub"] is True and facts["lab-a"]["hub_detail"] == "200"
@@ -129,9 +140,9 @@ def test_the_wizard_deploys_up_to_the_cluster_on_the_two_hosts(lab_cli):
     want = {name: hashlib.sha256(data).hexdigest() for name, data in model_files().items()}
 
     # network: A reached B's sshd over the fast link (the copy's ssh), and B reached A's
-    assert re.search(rf"Accepted publickey for root from {re.escape(lab.a.fast_ip)} ",
+    assert re.search(rf"Accepted publickey for {LOGIN_USER} from {re.escape(lab.a.fast_ip)} ",
                      (Path(lab.b.dir) / "sshd" / "sshd.log").read_text())
-    assert re.search(rf"Accepted publickey for root from {re.escape(lab.b.fast_ip)} ",
+    assert re.search(rf"Accepted publickey for {LOGIN_USER} from {re.escape(lab.b.fast_ip)} ",
                      (Path(lab.a.dir) / "sshd" / "sshd.log").read_text())
 
     # weights: downloaded on A (the HF cache's blobs and links), copied to B with the links
@@ -142,10 +153,16 @@ def test_the_wizard_deploys_up_to_the_cluster_on_the_two_hosts(lab_cli):
     b_listing = lab.b.run("find", f"{SNAP}/{rev}", "-mindepth", "1", "-printf", "%y %s %P\\n").stdout.split("\n")
     b_kinds = {ln.split()[2]: (ln.split()[0], int(ln.split()[1])) for ln in b_listing if ln.strip()}
     assert b_kinds == {name: ("f", len(data)) for name, data in model_files().items()}
-    assert lab.b.run("ls", "/root/.cache/huggingface/hub/models--sclab--tiny-qwen3").stdout.split().count("blobs") == 0
+    assert lab.b.run("ls", f"{LOGIN_HOME}/.cache/huggingface/hub/models--sclab--tiny-qwen3").stdout.split().count("blobs") == 0
     sums = _sha256_on(lab.b, [f"{SNAP}/{rev}/{n}" for n in want])
     assert {Path(p).name: s for p, s in sums.items()} == want
     assert "rsync -a --partial -L" in got.stdout
+
+    # caches: sudo wants a password on both hosts, so the login user evicted the HF cache's files from the
+    # page cache with the real GNU dd (posix_fadvise DONTNEED), exit 0 on each; nothing went through sudo
+    evicted = re.findall(r"^\s+(lab-[ab]) \$ sync && for f in \S+/hub/\*/blobs/\*.*iflag=nocache", got.stdout, re.M)
+    assert sorted(evicted) == ["lab-a", "lab-b"], got.stdout
+    assert not re.search(r"\$ sudo ", got.stdout) and "root@" not in got.stdout
 
     # images: B now holds the image A had, with the same ID, loaded through docker save | ssh | docker load
     assert lab.b.docker("image", "inspect", "-f", "{{.Id}}", lab.image).stdout.strip() == lab.image_id

@@ -5,12 +5,18 @@ Each host is a network namespace plus its own PID, UTS and mount namespaces (the
 
 - PID 1 of the host is its OpenSSH ``sshd`` (port 22, its own host key, log under the lab dir);
   killing it ends everything the host ran (sessions, detached jobs, Docker, containers).
-- The host's own ``/run`` is a fresh tmpfs and its ``/root`` is a directory of the lab bound over
-  the real one: ``~/.ssh``, ``~/.cache/huggingface`` and ``/var/run/docker.sock`` are the host's
-  own, as on a real machine, and nothing of the machine's own ``/root`` or ``/run`` is touched.
-- Its own ``dockerd`` (``--data-root`` in the lab dir, no bridge, no iptables) runs inside the
-  host's namespaces (``nsenter``, not ``ip netns exec``: that one remounts ``/sys`` and hides the
-  cgroup mounts dockerd needs), so ``docker`` on the host talks to it, ``--network host``
+- One logs in as a user who is not root, as on stock DGX OS (:func:`ensure_login_user`:
+  ``sparkops``, made on this machine if absent; the namespaces share its ``/etc/passwd``): in the
+  ``docker`` group (each host's dockerd socket belongs to it) and the ``sudo`` group, with a
+  password set and no NOPASSWD rule, so ``sudo -n`` fails as on a real Spark. Root has no
+  ``authorized_keys``: nobody logs in as root.
+- The host's own ``/run`` is a fresh tmpfs, and two directories of the lab are bound over the real
+  ones: the user's home (``/home/sparkops``: ``~/.ssh``, ``~/.cache/huggingface``, ``~/.local/bin/hf``)
+  and root's ``/root``. Each host has its own, as real machines do, and nothing of the machine's
+  own ``/root``, ``/home/sparkops`` or ``/run`` is touched.
+- Its own ``dockerd`` (``--data-root`` in the lab dir, no bridge, no iptables, ``--group docker``)
+  runs inside the host's namespaces (``nsenter``, not ``ip netns exec``: that one remounts ``/sys``
+  and hides the cgroup mounts dockerd needs), so ``docker`` on the host talks to it, ``--network host``
   containers live in the host's network namespace, and bind mounts resolve in the host's files.
 - The fast link is a veth pair named like the ConnectX-7 netdev a Spark uses
   (``enp1s0f1np1``: names are per network namespace, so both ends carry it), MTU 9000, its own
@@ -42,8 +48,10 @@ import importlib.metadata as md
 import ipaddress
 import json
 import os
+import pwd
 import random
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -69,9 +77,15 @@ SSHD = "/usr/sbin/sshd"
 DOCKERD = shutil.which("dockerd") or "/usr/sbin/dockerd"
 DOCKER = shutil.which("docker") or "/usr/local/bin/docker"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
+SSH = shutil.which("ssh") or "/usr/bin/ssh"
 CACHE_DIR = Path(os.environ.get("SPARKCONSOLE_LAB_CACHE", "/var/tmp/sparkconsole-lab"))
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STUB_VLLM_VERSION = "0.0.0+lab.stub"
+# the login user of every lab host (stock DGX OS: a user made at first boot, never root)
+LOGIN_USER = os.environ.get("SPARKCONSOLE_LAB_USER", "sparkops")
+LOGIN_HOME = f"/home/{LOGIN_USER}"
+DOCKER_GROUP = "docker"  # Docker's own packages make it; the user is in it, as on DGX OS
+PASSWORD_FILE = CACHE_DIR / f"{LOGIN_USER}.password"  # root-only (0600): its sudo password
 
 
 def _run(argv: list[str], check: bool = True, timeout: float = 60.0, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -101,6 +115,78 @@ def _pub(path: Path) -> str:
 def _host_pub(host_key: Path) -> str:
     kind, b64 = _pub(host_key).split()[:2]
     return f"{kind} {b64}"
+
+
+# ---- the login user -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoginUser:
+    name: str
+    uid: int
+    gid: int
+    home: str
+    groups: tuple[str, ...]
+
+
+def _ensure_sudo() -> None:
+    """``sudo`` on this machine (the lab's hosts share its files): ``apt-get install`` if absent."""
+    if shutil.which("sudo", path=DEFAULT_PATH):
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(["apt-get", "update", "-qq"], timeout=300, env=env)
+    _run(["apt-get", "install", "-y", "-qq", "sudo"], timeout=600, env=env)
+
+
+def _groups_of(name: str) -> tuple[str, ...]:
+    return tuple(_run(["id", "-nG", name]).stdout.split())
+
+
+def ensure_login_user(name: str = LOGIN_USER) -> LoginUser:
+    """The lab hosts' login user on this machine, made or mended (idempotent; the lab's ``down``
+    leaves it, like the packages): home ``/home/NAME``, shell bash, in the ``docker`` and ``sudo``
+    groups, a random password (kept in :data:`PASSWORD_FILE`, root-only) so that ``sudo`` asks for
+    it (Debian's ``%sudo ALL=(ALL:ALL) ALL``; no NOPASSWD rule is written) and sshd does not take
+    the account for a locked one."""
+    if os.geteuid() != 0:
+        raise RuntimeError("the lab needs root (it makes namespaces and its login user)")
+    _ensure_sudo()
+    home = f"/home/{name}"
+    if _run(["getent", "group", DOCKER_GROUP], check=False).returncode != 0:
+        _run(["groupadd", "--system", DOCKER_GROUP], check=False)  # exit 9: another lab made it just now
+    want_groups = [g for g in (DOCKER_GROUP, "sudo") if _run(["getent", "group", g], check=False).returncode == 0]
+    if _run(["getent", "passwd", name], check=False).returncode != 0:
+        made = _run(["useradd", "--create-home", "--home-dir", home, "--shell", "/bin/bash", "--user-group",
+                     "--groups", ",".join(want_groups), "--comment", "sparkconsole lab login user", name],
+                    check=False)
+        if made.returncode not in (0, 9):  # 9: made by another lab in the meantime
+            raise RuntimeError(f"useradd {name} failed ({made.returncode}): {made.stderr.strip()}")
+    pw = pwd.getpwnam(name)
+    if pw.pw_dir != home:
+        raise RuntimeError(f"the lab's login user {name} exists with home {pw.pw_dir}, not {home}: "
+                           f"`userdel {name}` (or set SPARKCONSOLE_LAB_USER to another name)")
+    if pw.pw_uid == 0:
+        raise RuntimeError(f"the lab's login user {name} has uid 0")
+    missing = [g for g in want_groups if g not in _groups_of(name)]
+    if missing:
+        _run(["usermod", "--append", "--groups", ",".join(missing), name])
+    os.makedirs(home, exist_ok=True)  # the mount point of each host's own home
+    # `passwd -S`: "NAME P …" usable password, "L" locked (useradd's "!"), "NP" none
+    status = _run(["passwd", "--status", name]).stdout.split()
+    if len(status) < 2 or status[1] != "P":
+        secret = secrets.token_urlsafe(12)
+        PASSWORD_FILE.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(PASSWORD_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secret + "\n")
+        _run(["chpasswd"], input=f"{name}:{secret}\n")
+    return LoginUser(name, pw.pw_uid, pw.pw_gid, home, _groups_of(name))
+
+
+def _chown_tree(top: Path, uid: int, gid: int) -> None:
+    os.chown(top, uid, gid, follow_symlinks=False)
+    for p in top.rglob("*"):
+        os.chown(p, uid, gid, follow_symlinks=False)
 
 
 # ---- the small model repo the Hub stand-in serves ---------------------------------------------
@@ -400,10 +486,18 @@ class LabHost:
     init_pid: int = 0  # the host's PID 1 (its sshd) as the machine sees it
     dockerd_pid: int = 0  # the nsenter that runs dockerd
     cgroup_parent: str = ""
+    user: str = LOGIN_USER  # who logs in (ssh), and whose home is ``user_home`` on the host
+    user_home: str = LOGIN_HOME
 
     @property
     def home(self) -> Path:
+        """The login user's home on this host (bound over ``user_home`` there), as this machine sees it."""
         return Path(self.dir) / "home"
+
+    @property
+    def root_home(self) -> Path:
+        """Root's home on this host (bound over ``/root`` there)."""
+        return Path(self.dir) / "root"
 
     @property
     def hf_cache(self) -> Path:
@@ -421,6 +515,15 @@ class LabHost:
 
     def sh(self, script: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         return self.run("sh", "-c", script, check=check, timeout=timeout)
+
+    def run_as_user(self, *argv: str, check: bool = True, timeout: float = 120.0,
+                    input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on the host as its login user (uid, gid, groups; HOME, USER, PATH)."""
+        pw = pwd.getpwnam(self.user)
+        env = {"PATH": f"{self.user_home}/.local/bin:{DEFAULT_PATH}", "HOME": self.user_home, "USER": self.user,
+               "LOGNAME": self.user, "LC_ALL": "C"}
+        return _run([*self.enter(), "setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
+                     "--", *argv], check=check, timeout=timeout, env=env, input=input, cwd="/")
 
     def docker(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         return self.run(DOCKER, *args, check=check, timeout=timeout)
@@ -442,6 +545,7 @@ class Lab:
     image: str = ""
     image_id: str = ""
     cgroup_dirs: list[str] = field(default_factory=list)
+    user: str = LOGIN_USER  # every host's login user (:func:`ensure_login_user`)
 
     # ---- names and files ----------------------------------------------------------------------
     @property
@@ -498,25 +602,28 @@ class Lab:
             tag = f"{os.getpid() % 1000:03d}{random.choice(free or list(range(10)))}"
         if not re.fullmatch(r"[a-z0-9]{1,5}", tag):
             raise ValueError(f"lab tag must be 1-5 of [a-z0-9]: {tag!r}")
-        lab = cls(workdir=str(workdir), tag=tag, subnet=_free_subnet())
+        user = ensure_login_user()
+        lab = cls(workdir=str(workdir), tag=tag, subnet=_free_subnet(), user=user.name)
         lab.bridge, lab.mgmt_veth, lab.mgmt_b = f"sc{tag}br", f"sc{tag}m", f"sc{tag}mb"
         fast = f"192.168.{lab.subnet}."
         lab.hosts = [
             LabHost("lab-a", f"sc{tag}a", str(workdir / "hosts" / "a"), fast + "1", f"10.79.{lab.subnet}.1",
-                    cgroup_parent=f"sc{tag}a"),
+                    cgroup_parent=f"sc{tag}a", user=user.name, user_home=user.home),
             LabHost("lab-b", f"sc{tag}b", str(workdir / "hosts" / "b"), fast + "2", f"10.80.{lab.subnet}.2",
-                    cgroup_parent=f"sc{tag}b"),
+                    cgroup_parent=f"sc{tag}b", user=user.name, user_home=user.home),
         ]
         lab.hub_url = f"http://10.79.{lab.subnet}.254:{HUB_PORT}"
         lab.save()
         try:
             lab._links()
-            lab._keys_and_homes()
+            lab._keys_and_homes(user)
             for h in lab.hosts:
                 lab._start_host(h)
             lab._start_hub()
             for h in lab.hosts:
                 lab._start_dockerd(h)
+            for h in lab.hosts:
+                lab._check_login(h)
             if with_image:
                 lab._load_image()
             lab._write_config()
@@ -560,19 +667,37 @@ class Lab:
         _ip("-n", b.netns, "addr", "add", f"{b.mgmt_ip}/24", "dev", MGMT_IF)
         _ip("-n", b.netns, "link", "set", MGMT_IF, "up")
 
-    def _keys_and_homes(self) -> None:
+    def _keys_and_homes(self, user: LoginUser) -> None:
+        """Per host: its sshd's host key; the login user's home (owned by the user, mode 0750)
+        with ``~/.ssh`` (its own node key, the laptop's and the other hosts' keys authorized, the
+        other hosts' host keys known at their fast-link addresses, as on Sparks set up for each
+        other), ``~/.local/bin/hf`` and ``/etc/skel``'s files; root's home, empty (no
+        ``authorized_keys``: no root login)."""
         laptop = _keygen(self.key, "sparkconsole-lab-laptop")
+        hf = Path(sys.executable).parent / "hf"
+        if not hf.exists():
+            raise RuntimeError(f"no `hf` next to {sys.executable}: install huggingface_hub there")
         node_keys = {}
         for h in self.hosts:
             d = Path(h.dir)
             (d / "sshd").mkdir(parents=True, exist_ok=True)
             _keygen(d / "sshd" / "ssh_host_ed25519_key", f"host-{h.name}")
+            h.root_home.mkdir(parents=True, exist_ok=True)
+            h.root_home.chmod(0o700)
+            h.home.mkdir(parents=True, exist_ok=True)
+            if Path("/etc/skel").is_dir():  # what useradd puts in a new home (.bashrc, .profile)
+                shutil.copytree("/etc/skel", h.home, symlinks=True, dirs_exist_ok=True)
             ssh = h.home / ".ssh"
-            ssh.mkdir(parents=True, exist_ok=True)
-            h.home.chmod(0o700)
+            ssh.mkdir(exist_ok=True)
+            h.home.chmod(0o750)
             ssh.chmod(0o700)
-            node_keys[h.name] = _keygen(ssh / "id_ed25519", f"root@{h.name}")
-            (Path(h.dir) / "docker").mkdir(exist_ok=True)
+            node_keys[h.name] = _keygen(ssh / "id_ed25519", f"{user.name}@{h.name}")
+            (d / "docker").mkdir(exist_ok=True)
+            local_bin = h.home / ".local" / "bin"
+            local_bin.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                (local_bin / "hf").unlink()
+            (local_bin / "hf").symlink_to(hf)
         for h in self.hosts:
             ssh = h.home / ".ssh"
             auth = [_pub(laptop)] + [_pub(k) for n, k in node_keys.items() if n != h.name]
@@ -582,24 +707,17 @@ class Lab:
             others = [f"{o.fast_ip} {_host_pub(Path(o.dir) / 'sshd' / 'ssh_host_ed25519_key')}"
                       for o in self.hosts if o is not h]
             (ssh / "known_hosts").write_text("\n".join(others) + "\n")
+            _chown_tree(h.home, user.uid, user.gid)
             self._sshd_config(h)
         entries = []
         for h in self.hosts:
             pub = _host_pub(Path(h.dir) / "sshd" / "ssh_host_ed25519_key")
             entries.append(f"{h.mgmt_ip} {pub}")
         self.known_hosts.write_text("\n".join(entries) + "\n")
-        bindir = self.dir / "bin"
-        bindir.mkdir(exist_ok=True)
-        hf = Path(sys.executable).parent / "hf"
-        if not hf.exists():
-            raise RuntimeError(f"no `hf` next to {sys.executable}: install huggingface_hub there")
-        with contextlib.suppress(FileNotFoundError):
-            (bindir / "hf").unlink()
-        (bindir / "hf").symlink_to(hf)
 
     def _sshd_config(self, h: LabHost) -> None:
         d = Path(h.dir) / "sshd"
-        env = [f"PATH={self.dir / 'bin'}:{DEFAULT_PATH}", f"HF_ENDPOINT={self.hub_url}",
+        env = [f"PATH={h.user_home}/.local/bin:{DEFAULT_PATH}", f"HF_ENDPOINT={self.hub_url}",
                "HF_HUB_DISABLE_TELEMETRY=1", "HF_HUB_DISABLE_PROGRESS_BARS=0"]
         (d / "sshd_config").write_text(f"""Port 22
 ListenAddress 0.0.0.0
@@ -618,19 +736,26 @@ LogLevel VERBOSE
 """)
 
     def _start_host(self, h: LabHost) -> None:
-        """The host's namespaces with sshd as PID 1: own hostname, /run, /root, /proc."""
+        """The host's namespaces with sshd as PID 1: own hostname, /run, /root, user's home, /proc."""
         d = Path(h.dir)
         log = d / "sshd" / "sshd.log"
         log.touch()
-        # this interpreter (``hf`` runs on it) may live under the real /root (pyenv): keep it visible
+        # this interpreter and its venv (``hf`` runs on them, as the login user) may live under the
+        # real /root (pyenv): keep them visible there, and root's home passable (0711) to reach them
         keep = ""
-        prefix = Path(sys.base_prefix).resolve()
-        if prefix.is_relative_to("/root"):
-            inside = h.home / prefix.relative_to("/root")
-            inside.mkdir(parents=True, exist_ok=True)
-            keep = f" && mount --bind {shlex.quote(str(prefix))} {shlex.quote(str(inside))}"
+        for prefix in sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}):
+            if prefix.is_relative_to("/root"):
+                inside = h.root_home / prefix.relative_to("/root")
+                inside.mkdir(parents=True, exist_ok=True)
+                for up in [inside, *inside.parents]:
+                    if up == h.root_home:
+                        break
+                    up.chmod(0o755)
+                h.root_home.chmod(0o711)
+                keep += f" && mount --bind {shlex.quote(str(prefix))} {shlex.quote(str(inside))}"
         script = (f"hostname {shlex.quote(h.name)} && mount -t tmpfs -o mode=0755 tmpfs /run && mkdir -m 0755 /run/sshd"
-                  f"{keep} && mount --rbind {shlex.quote(str(h.home))} /root"
+                  f"{keep} && mount --rbind {shlex.quote(str(h.root_home))} /root"
+                  f" && mount --bind {shlex.quote(str(h.home))} {shlex.quote(h.user_home)}"
                   f" && exec {SSHD} -D -f {shlex.quote(str(d / 'sshd' / 'sshd_config'))} -E {shlex.quote(str(log))}")
         proc = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{h.netns}", "unshare", "--uts", "--pid", "--mount", "--fork",
@@ -670,7 +795,8 @@ LogLevel VERBOSE
         d = Path(h.dir)
         proc = subprocess.Popen(
             [*h.enter(), DOCKERD, "--data-root", str(d / "docker"), "--bridge=none", "--iptables=false",
-             "--ip-masq=false", f"--cgroup-parent=/{h.cgroup_parent}", "--userland-proxy=false"],
+             "--ip-masq=false", f"--cgroup-parent=/{h.cgroup_parent}", "--userland-proxy=false",
+             f"--group={DOCKER_GROUP}"],
             stdin=subprocess.DEVNULL, stdout=open(d / "dockerd.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
             start_new_session=True, env={"PATH": DEFAULT_PATH, "HOME": "/root"})
         h.dockerd_pid = proc.pid
@@ -683,6 +809,29 @@ LogLevel VERBOSE
                 return
             time.sleep(0.3)
         raise RuntimeError(f"{h.name}: dockerd did not answer within 60 s")
+
+    def ssh_argv(self, h: LabHost, *command: str) -> list[str]:
+        """``ssh`` from the laptop to ``h`` as its login user, with the lab's key and known_hosts."""
+        return [SSH, "-F", "/dev/null", "-i", str(self.key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+                "-o", "ConnectTimeout=10", f"{h.user}@{h.mgmt_ip}", *command]
+
+    def _check_login(self, h: LabHost) -> None:
+        """The login as a person (and the console) meets it: over ssh, the user (not root), its own
+        home, in the docker group and reaching the host's own engine, ``hf`` on the PATH, and a
+        ``sudo`` that wants a password."""
+        script = ('id -un; echo "$HOME"; test -O "$HOME" && echo owns-home; id -Gn; command -v hf; '
+                  "docker info --format 'docker {{.ServerVersion}} {{.Name}}' 2>&1; "
+                  "if sudo -n true 2>/dev/null; then echo sudo-without-password; else echo sudo-asks; fi")
+        got = _run(self.ssh_argv(h, script), check=False, timeout=60, env={"PATH": DEFAULT_PATH})
+        lines = got.stdout.splitlines()
+        want = [h.user, h.user_home, "owns-home"]
+        ok = (got.returncode == 0 and lines[:3] == want and len(lines) == 7
+              and DOCKER_GROUP in lines[3].split() and lines[4] == f"{h.user_home}/.local/bin/hf"
+              and lines[5].startswith("docker ") and lines[5].endswith(f" {h.name}") and lines[6] == "sudo-asks")
+        if not ok:
+            raise RuntimeError(f"{h.name}: the login as {h.user} is not as set up (exit {got.returncode}): "
+                               f"{lines} {got.stderr.strip()[-800:]}")
 
     def _load_image(self) -> None:
         tar = ray_image_tar()
@@ -698,7 +847,7 @@ LogLevel VERBOSE
 
     def _write_config(self) -> None:
         a, b = self.a, self.b
-        common = f'user = "root"\nidentity = "{self.key}"\nknown_hosts = "{self.known_hosts}"\n'
+        common = f'user = "{self.user}"\nidentity = "{self.key}"\nknown_hosts = "{self.known_hosts}"\n'
         self.config_path.write_text(
             f'[cluster]\nname = "lab-{self.tag}"\n\n'
             f'[[nodes]]\nname = "{a.name}"\nhost = "{a.mgmt_ip}"\nport = 22\nrole = "head"\n'
@@ -716,11 +865,14 @@ LogLevel VERBOSE
 
     def answers(self) -> list[str]:
         """The decisions of a lab run, answered ahead: TP=2 over both hosts (the tiny model would
-        fit one), the lab image, stop nothing, keep the machine's page cache, Ray."""
+        fit one), the lab image, stop nothing, free the page cache (sudo wants a password, so the
+        HF cache's files are evicted by the login user with dd), start whatever is free (no vLLM runs
+        here), Ray."""
         return [*ANSWERS, f"engine.image={self.image or ray_image_tag()}"]
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"workdir": self.workdir, "hub": self.hub_url, "image": self.image, "hosts": {}}
+        out: dict[str, Any] = {"workdir": self.workdir, "hub": self.hub_url, "image": self.image, "user": self.user,
+                               "hosts": {}}
         for h in self.hosts:
             alive = _alive(h.init_pid)
             info: dict[str, Any] = {"netns": h.netns, "fast_ip": h.fast_ip, "mgmt_ip": h.mgmt_ip, "up": alive}
@@ -776,7 +928,9 @@ LogLevel VERBOSE
         return problems
 
 
-ANSWERS = ("plan.layout=tp2", "free-memory.stop=none", "caches.drop=no", "cluster.executor=ray")
+# caches.drop: the login user's sudo wants a password (stock DGX OS), so the wizard offers to go on
+# without dropping the page cache or to stop and add the narrow rule; the lab goes on
+ANSWERS = ("plan.layout=tp2", "free-memory.stop=none", "caches.drop=yes", "caches.fit=go-on", "cluster.executor=ray")
 
 
 def _free_subnet() -> int:
@@ -910,7 +1064,10 @@ def lab_main(argv: list[str]) -> int:
         print("then:")
         for line in lab.commands():
             print(f"  {line}")
-        print(f"a shell on a host: ssh -i {lab.key} -o UserKnownHostsFile={lab.known_hosts} root@{lab.a.mgmt_ip}")
+        print(f"a shell on a host: ssh -i {lab.key} -o UserKnownHostsFile={lab.known_hosts} {lab.user}@{lab.a.mgmt_ip}")
+        where = (f"is in {PASSWORD_FILE} (root-only)" if PASSWORD_FILE.exists()
+                 else f"was set before the lab kept it ({PASSWORD_FILE} is gone)")
+        print(f"{lab.user} is in the {DOCKER_GROUP} and sudo groups; its sudo password {where}")
         return 0
     if not have:
         print(f"no lab in {workdir}", file=sys.stderr)
@@ -933,11 +1090,17 @@ if __name__ == "__main__":
 
 __all__ = [
     "ANSWERS",
+    "DOCKER_GROUP",
     "FAST_IF",
+    "LOGIN_HOME",
+    "LOGIN_USER",
     "MODEL_ID",
+    "PASSWORD_FILE",
     "HubRepo",
     "Lab",
     "LabHost",
+    "LoginUser",
+    "ensure_login_user",
     "fast_link_bytes",
     "fast_link_limited",
     "leftovers",
