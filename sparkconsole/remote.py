@@ -237,6 +237,24 @@ def drop_caches() -> RemoteScript:
                         summary="drop the page cache (sync; echo 3 | sudo tee /proc/sys/vm/drop_caches)")
 
 
+def evict_page_cache(hub_dir: str) -> RemoteScript:
+    """Evict the HF cache's model files from the page cache without root: ``dd if=FILE iflag=nocache
+    count=0`` asks the kernel to drop a file's cached pages (GNU dd: "when count=0 all cached data
+    for the file"; posix_fadvise DONTNEED, allowed to anyone who may read the file), after ``sync``
+    has made them clean. On a stock Spark, where ``sudo`` needs a password, this frees what matters
+    before launch: the weights just downloaded or copied, and those of the services just stopped,
+    which vLLM's start-up check would count as used (a running engine keeps its weights in GPU
+    memory, not in the page cache). Every regular file once: the blobs where ``hf`` downloaded (the
+    snapshots' links point at them, and are skipped), the snapshot's own files where ``rsync -L``
+    copied them (no blobs)."""
+    d = shlex.quote(validate_path(hub_dir).rstrip("/"))
+    text = (f"sync && for f in {d}/*/blobs/* {d}/*/snapshots/*/* {d}/*/snapshots/*/*/*; do "
+            "[ -f \"$f\" ] && [ ! -h \"$f\" ] || continue; "
+            "dd if=\"$f\" iflag=nocache count=0 status=none || exit 1; done")
+    return RemoteScript((), mutating=True, text=text,
+                        summary="evict the HF cache's model files from the page cache (dd iflag=nocache, no sudo)")
+
+
 def kill_process(pid: int, name: str = "") -> RemoteCommand:
     """``kill -TERM PID``: a host process holding GPU memory (one the login user may signal)."""
     return command("kill", "-TERM", str(int(pid)), mutating=True,
@@ -437,8 +455,11 @@ def stream_copy(rsync: RemoteCommand, download_rc: str, every_s: int = STREAM_EV
     Built from the quoted ``rsync`` command and constant shell syntax only (remote.py's rule)."""
     rc = shlex.quote(validate_path(download_rc))
     cmd = rsync.shell()
-    # one group, so a redirection after it (the job's log) takes every pass's output
-    text = (f"{{ until [ -f {rc} ]; do {cmd} || true; sleep {int(every_s)}; done; "
+    src = shlex.quote(rsync.argv[-2])  # rsync_dir's source: a pass waits until the download made it
+    # one group, so a redirection after it (the job's log) takes every pass's output; no pass before
+    # the download has made the model's folder (rsync would say "change_dir … No such file", code 23,
+    # read by the copy's watcher as a failed pass)
+    text = (f"{{ until [ -f {rc} ]; do if [ -d {src} ]; then {cmd} || true; fi; sleep {int(every_s)}; done; "
             f'[ "$(cat {rc})" = 0 ] && {cmd}; }}')
     return RemoteScript((), mutating=True, text=text,
                         summary=f"{rsync.summary}, each file as soon as it is downloaded, then a final pass")

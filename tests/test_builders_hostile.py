@@ -107,6 +107,18 @@ def _builders() -> dict[str, Callable[[str], R.RemoteCommand]]:
         "sectioned.name": lambda v: R.sectioned([(v, "true")]),
         "and_then": lambda v: R.and_then(R.command("true"), R.command("echo", v)),
         "piped": lambda v: R.piped(R.command("echo", v), R.command("cat")),
+        "write_in_container.text": lambda v: R.write_in_container("c1", BENIGN_PATH + "/f.json", v),
+        "write_in_container.path": lambda v: R.write_in_container("c1", v, "[]"),
+        "write_in_container.container": lambda v: R.write_in_container(v, BENIGN_PATH + "/f.json", "[]"),
+        "hf_download_in_image.image": lambda v: R.hf_download_in_image(v, "a/b", BENIGN_PATH, (1000, 1000), "d1"),
+        "hf_download_in_image.model": lambda v: R.hf_download_in_image("img:1", v, BENIGN_PATH, None, "d1"),
+        "hf_download_in_image.hf_dir": lambda v: R.hf_download_in_image("img:1", "a/b", v, None, "d1"),
+        "hf_download_in_image.name": lambda v: R.hf_download_in_image("img:1", "a/b", BENIGN_PATH, None, v),
+        "uvx_hf_download.model": lambda v: R.uvx_hf_download(v),
+        "evict_page_cache.hub_dir": lambda v: R.evict_page_cache(v),
+        "hub_file.model": lambda v: R.hub_file(v, "config.json"),
+        "hub_file.filename": lambda v: R.hub_file("Qwen/Qwen3.5-122B-A10B-FP8", v),
+        "drop_caches_rule.user": lambda v: R.command("echo", R.drop_caches_rule(v)),
         "stream_copy.download_rc": lambda v: R.stream_copy(rs, v, every_s=0),
         "stream_copy.rsync_dest": lambda v: R.stream_copy(R.rsync_dir(BENIGN_PATH, "root@127.0.0.1", v),
                                                         BENIGN_PATH + "/done.rc", 0),
@@ -120,7 +132,7 @@ STUBS = {
     "ssh": 'for a; do last=$a; done; exec sh -c "$last"',  # the remote command, as the remote shell reads it
     "setsid": 'exec "$@"', "nohup": 'exec "$@"',
     **{t: "exit 0" for t in ("rsync", "hf", "curl", "sudo", "systemctl", "journalctl", "ping", "vllm", "ray",
-                             "python3", "sleep")},
+                             "python3", "sleep", "uvx", "dd")},
 }
 
 

@@ -257,7 +257,7 @@ def test_recon_reads_whether_sudo_needs_a_password(tmp_path):
     assert NodeFacts("n", sudo="drop-caches").can_sudo("drop-caches") and not NodeFacts("n", sudo="none").can_sudo()
 
 
-async def test_the_caches_step_goes_on_without_sudo_and_drops_only_where_a_rule_allows():
+async def test_the_caches_step_frees_the_cache_without_sudo_and_drops_it_only_where_a_rule_allows():
     """Before: `sudo -n sh -c 'sync; echo 3 > …'` on every node, a failure fatal ("a password is
     required" on a stock node), and a fix (`sh -c`) no narrow sudoers rule can allow."""
     from sparkconsole.deploy.steps import Caches
@@ -265,9 +265,13 @@ async def test_the_caches_step_goes_on_without_sudo_and_drops_only_where_a_rule_
     flow, _ = _stock()
     step = Caches(flow)
     await step.decide()
-    assert flow.plan.drop is False and await flow.runner.rehearse(step.send) == []
+    planned = [(n, c.shell()) for n, c in await flow.runner.rehearse(step.send)]
+    hub = "/home/nvidia/.cache/huggingface/hub"
+    assert planned == [(n, f"sync && for f in {hub}/*/blobs/* {hub}/*/snapshots/*/* {hub}/*/snapshots/*/*/*; do "
+                           '[ -f "$f" ] && [ ! -h "$f" ] || continue; dd if="$f" iflag=nocache count=0 status=none '
+                           "|| exit 1; done") for n in ("spark-a", "spark-b")]
     asked = _asked(flow, "caches.drop")
-    assert asked["answer"] == "go-on"
+    assert asked["answer"] == "yes" and not any("sudo" in c for _n, c in planned)
     assert any("sudo -n needs a password" in m for m in asked["measured"])
     stop = next(o for o in asked["options"] if o["value"] == "stop")
     assert "nvidia ALL=(root) NOPASSWD: /usr/bin/tee /proc/sys/vm/drop_caches" in stop["why"]
@@ -276,9 +280,42 @@ async def test_the_caches_step_goes_on_without_sudo_and_drops_only_where_a_rule_
     flow, _ = _stock(**{"spark-a": {"sudo": "drop-caches"}})
     step = Caches(flow)
     await step.decide()
-    planned = await flow.runner.rehearse(step.send)
-    assert [(n, c.shell()) for n, c in planned] == [
-        ("spark-a", "sync && echo 3 | sudo -n /usr/bin/tee /proc/sys/vm/drop_caches > /dev/null")]
+    planned = [(n, c.shell()) for n, c in await flow.runner.rehearse(step.send)]
+    assert planned[0] == ("spark-a", "sync && echo 3 | sudo -n /usr/bin/tee /proc/sys/vm/drop_caches > /dev/null")
+    assert planned[1][0] == "spark-b" and "iflag=nocache" in planned[1][1]
+
+
+def test_a_models_files_leave_the_page_cache_without_root(tmp_path):
+    """The eviction the caches step sends where sudo needs a password, run by the real /bin/sh and
+    GNU dd on a file in the page cache: ``fincore`` (util-linux) shows its pages gone."""
+    import shutil
+    import subprocess
+
+    from sparkconsole.remote import evict_page_cache
+
+    if shutil.which("fincore") is None:  # util-linux: scripts/test installs it
+        pytest.fail("fincore (util-linux) is needed to see the page cache")
+    model = tmp_path / "models--a--b"
+    blob = model / "blobs" / ("0" * 64)  # where hf downloaded: a blob, and the snapshot's link to it
+    snap = model / "snapshots" / ("1" * 40)
+    copied = snap / "sub" / "model-00002.safetensors"  # where rsync -L copied: a regular file, one level down
+    blob.parent.mkdir(parents=True)
+    copied.parent.mkdir(parents=True)
+    (snap / "model-00001.safetensors").symlink_to(blob)
+    for f in (blob, copied):
+        f.write_bytes(b"\x5a" * (16 << 20))
+        f.read_bytes()  # now in the page cache
+
+    def cached(f: Path) -> int:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(f)],
+                             capture_output=True, text=True, check=True).stdout
+        return int(out.split()[0])
+
+    subprocess.run(["sync"], check=True)
+    before = [cached(blob), cached(copied)]
+    res = subprocess.run(["/bin/sh", "-c", evict_page_cache(str(tmp_path)).shell()], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert min(before) > 0 and [cached(blob), cached(copied)] == [0, 0]
 
 
 # ---- item 4: the GID index per node, pinned only where every listed HCA has it ---------------------
@@ -405,11 +442,15 @@ async def test_images_are_compared_by_layers_not_ids_under_the_containerd_store(
 
 # ---- item 10: the engines stay off the Hub once the weights are verified ----------------------------
 
-def test_engines_start_offline_once_the_weights_are_verified():
+def test_engines_start_offline_after_the_weights_step():
+    """The engines start after the weights step verified every file on every node, so they need
+    nothing from the Hub; before, a worker without internet waited out a Hub timeout per file."""
+    from sparkconsole.deploy.steps import STEP_IDS
+
+    assert STEP_IDS.index("weights") < STEP_IDS.index("cluster") < STEP_IDS.index("serve")
     flow, _ = _stock()
-    assert ("HF_HUB_OFFLINE", "1") in flow.env("spark-b") and ("TRANSFORMERS_OFFLINE", "1") in flow.env("spark-b")
-    flow.update(weights_ok={"spark-a": True})
-    assert ("HF_HUB_OFFLINE", "1") not in flow.env("spark-b")  # not yet verified everywhere
+    for n in ("spark-a", "spark-b"):
+        assert {("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")} <= set(flow.env(n))
 
 
 # ---- item 12: a model the console has not bundled ------------------------------------------------
@@ -475,3 +516,78 @@ def test_the_engine_check_as_a_real_gpu_answered_it():
     assert f.gpu_verdict() is None
     f.cuda_archs = tuple(a for a in f.cuda_archs if a != "sm_120")
     assert "no kernels for this GPU (sm_121)" in (f.gpu_verdict() or "")
+
+
+# ---- what stays cached without sudo, and a native start's cause on its worker ----------------------
+
+async def test_what_stays_cached_without_sudo_refits_the_memory_budget_before_the_start():
+    """After the HF files are evicted, an image just loaded stays cached (root's to drop): the worker
+    has 86.2 GiB free where gmu 0.85 needs 104.4. Before: the start failed vLLM's check ("Free memory
+    on device … less than desired GPU memory utilization", vllm#35313) and the wizard went round."""
+    from sparkconsole.deploy.runner import GoTo
+    from sparkconsole.deploy.steps import Caches
+
+    gib = 1 << 30
+    flow, _ = _stock()
+    flow.update(gmu=0.85, need={n: int(104.4 * gib) for n in ("spark-a", "spark-b")})
+    facts = {"spark-a": NodeFacts("spark-a", gpu="NVIDIA GB10", mem_available=int(106.6 * gib), page_cache=int(0.4 * gib)),
+             "spark-b": NodeFacts("spark-b", gpu="NVIDIA GB10", mem_available=int(106.6 * gib), page_cache=int(20.4 * gib))}
+
+    async def recon(nodes=None):
+        return facts
+
+    flow.recon = recon  # type: ignore[method-assign]
+    with pytest.raises(GoTo) as back:
+        await Caches(flow).verify()
+    assert back.value.step == "plan" and flow.plan.gmu_override == 0.68  # (86.2 - 1 - 1.5) / 121.69, floored
+    asked = _asked(flow, "caches.fit")
+    assert asked["answer"] == "lower" and [m.split(":")[0] for m in asked["measured"]] == ["spark-b"]
+    flow.update(need={n: int(0.68 * 121.69 * gib + gib) for n in ("spark-a", "spark-b")}, gmu=0.68)
+    await Caches(flow).verify()  # re-planned: it fits, nothing asked
+
+
+async def test_a_native_start_that_failed_on_a_worker_is_explained_by_the_workers_log():
+    """vLLM's head says only "Engine core initialization failed … Failed core proc(s): {}" when a
+    headless worker died; the cause is in the worker's own log. Before: "an error the console does
+    not recognise". The worker's line is vllm#35313's, as reported (error_strings_collection.txt)."""
+    from sparkconsole.deploy.steps import Serve
+    from sparkconsole.logs.vllm import VllmLogTracker
+
+    real = (REAL.parent / "gb10" / "error_strings_collection.txt").read_text()
+    cause = next(x for x in real.splitlines() if x.startswith("ValueError: Free memory on device"))
+    worker_log = f"(Worker_TP1 pid=573) ERROR [multiproc_executor.py:772] WorkerProc failed to start.\n{cause}\n"
+    flow, log = _stock({"spark-b": [("docker logs --tail 400", 0, worker_log, "")]})
+    flow.update(executor="native")
+    head = VllmLogTracker()
+    for line in ("(APIServer pid=1) Traceback (most recent call last):",
+                 "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. "
+                 "Failed core proc(s): {}"):
+        head.feed(line)
+    assert head.report.failure_kind == "other"
+    got = await Serve(flow)._root_cause(head.report)
+    assert got.failure_kind == "oom" and got.failure_line.startswith("ValueError: Free memory on device")
+    assert [n for n, t in log if "docker logs" in t] == ["spark-b"]
+
+
+def test_recon_says_what_the_login_user_may_not_do_and_which_ports_are_taken():
+    """Item 11's rest: docker without the group stops at recon with the playbook's fix (before: the
+    first `docker` of a later step failed with "permission denied"); a taken Ray or engine port and
+    sudo without a password are said there, not met later."""
+    from sparkconsole.deploy.recon import Listener, parse_ids
+    from sparkconsole.deploy.steps import Recon
+
+    user, uid, gid, groups = parse_ids(_id_output())  # the real capture: in the docker group
+    assert (user, uid, gid) == ("jhunt", 1000, 1000) and "docker" in groups
+    flow, _ = _stock()
+    notes: list[tuple[str, str]] = []
+    flow.runner.note = lambda text, level="info", node=None: notes.append((level, text))  # type: ignore[method-assign]
+    f = NodeFacts("spark-a", user="jhunt", groups=[g for g in groups if g != "docker"], sudo="none",
+                  listeners=[Listener(6379, "0.0.0.0", "gcs_server", 4242)])
+    with pytest.raises(StepFailed) as failed:
+        Recon(flow)._access(f)
+    assert "jhunt is not in the docker group" in failed.value.message
+    assert failed.value.fix.startswith("on spark-a: `sudo usermod -aG docker jhunt`")
+    f.groups = groups
+    Recon(flow)._access(f)
+    assert ("warning", "port 6379 (Ray) is taken by gcs_server (pid 4242)") in notes
+    assert any("sudo needs a password for jhunt" in t for _lvl, t in notes)

@@ -233,13 +233,14 @@ async def test_docker_kill_while_the_weights_load_is_classified_within_two_polls
     steps = [(e.step, e.state, e.note) for _t, e in events if e.kind == "step"]
     assert any(s == "serve" and st == "failed" and n.startswith("back to cluster") for s, st, n in steps)
     # the shards the killed start read sit in the page cache, which vLLM's start-up check does not count
-    # as free: "again" drops it on every node before the Ray cluster forms again (it failed that check
+    # as free: "again" frees it on every node before the Ray cluster forms again (a stock node has no sudo:
+    # the model files are evicted with dd iflag=nocache; it failed that check
     # by 0.3-0.9 GiB before, depending on how far the load had got)
     answered_at = next(t for t, e in events if e is answered)
     drops = {e.node for t, e in events if e.kind == "command" and e.mutating and e.rc == 0 and t >= answered_at
-             and "drop_caches" in e.command}
+             and ("drop_caches" in e.command or "iflag=nocache" in e.command)}
     assert drops == set(run_nodes(events)), drops
-    assert "the page cache dropped again first" in next(o["why"] for o in asked.options if o["value"] == "again")
+    assert "the page cache freed again first" in next(o["why"] for o in asked.options if o["value"] == "again")
     assert outcome.ok, outcome.result.message
     print(f"\ndocker kill of the Ray head's container at {shards}: classified 'killed' "
           f"{detected.polls} log polls later ({detected.sim_s:.1f} sim s): {proof[:150]}; "

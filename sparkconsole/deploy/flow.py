@@ -198,14 +198,12 @@ class Flow:
         return f"sparkconsole-{role}-{self.runner.state.short_id}"
 
     def env(self, node: str) -> list[tuple[str, str]]:
-        """The node's own network environment, and the Hub switched off once the weights were
-        verified on every node of the deployment: a worker without internet otherwise waits out a
-        Hub timeout on every file it opens (sparkrun sets both once weights are local)."""
+        """The node's own network environment, and the Hub switched off: the engines start only after
+        the weights step verified every file on every node (it stops the flow otherwise), so they
+        need nothing from the Hub, and a worker without internet would otherwise wait out a Hub
+        timeout on every file it opens (sparkrun sets both once weights are local)."""
         env = netenv.node_env(self.fact(node), self.ip(self.head))
-        done = self.plan.weights_ok or {}
-        if self.nodes and all(done.get(n) for n in self.nodes):
-            env += [("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")]
-        return env
+        return [*env, ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")] if env else env
 
     async def inspect(self, node: str, name: str) -> exits.ContainerState | None:
         """One container's state on ``node`` (``docker inspect``, read-only); ``missing`` when docker

@@ -1192,12 +1192,12 @@ def advise(report: VllmLogReport) -> str | None:
             return (
                 "Less memory was free at startup than --gpu-memory-utilization asks for. On a DGX Spark "
                 "memory is shared with the OS and the page cache: stop other models on the node, drop "
-                "the page cache (`sync; echo 3 > /proc/sys/vm/drop_caches`), or lower "
+                "the page cache (`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`), or lower "
                 "--gpu-memory-utilization."
             )
         return (
             "Out of memory. Lower --gpu-memory-utilization or --max-model-len, drop the page cache "
-            "(`sync; echo 3 > /proc/sys/vm/drop_caches`) and stop other models on the node, or spread "
+            "(`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`) and stop other models on the node, or spread "
             "the model over more nodes with tensor parallelism (--tensor-parallel-size)."
         )
     if kind == "unsupported_architecture":

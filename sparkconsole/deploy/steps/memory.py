@@ -3,17 +3,21 @@ launch (vLLM's start-up check counts only free memory)."""
 
 from __future__ import annotations
 
+import math
+
 from sparkconsole.deploy import freeing
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.deployment_plan import Stop, parse_stops
 from sparkconsole.deploy.flow import GIB, Flow
-from sparkconsole.deploy.runner import StepFailed
+from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.deploy.state import Stopped
 from sparkconsole.deploy.steps.base import Step
+from sparkconsole.deploy.steps.plan import LAUNCH_MARGIN, _cuda_total
 from sparkconsole.remote import (
     docker_action,
     drop_caches,
     drop_caches_rule,
+    evict_page_cache,
     kill_process,
     systemctl_action,
 )
@@ -85,56 +89,103 @@ class FreeMemory(Step):
                                  "--gpu-memory-utilization")
 
 
+# What the engine's start takes before vLLM's free-memory check, after this step has read what is
+# free: the Ray or vLLM containers' processes and the CUDA context (1.3 GiB on the demo's native start)
+START_OVERHEAD = int(1.5 * GIB)
+
+
 class Caches(Step):
-    id, title = "caches", "Drop the page cache right before launch"
-    decisions = ("caches.drop",)
+    id, title = "caches", "Free the page cache right before launch"
+    decisions = ("caches.drop", "caches.fit")
     done_when_serving = True
 
     async def decide(self) -> None:
-        """Drop where ``sudo -n`` may (recon's ``sudo -n true`` / ``sudo -n -l`` of the tee rule); a
-        stock node has neither, so there the choice is to go on without dropping (vLLM's check may
-        then count the weights' page cache as used) or to stop and add the narrow rule, printed."""
+        """Free the page cache before launch: vLLM's start-up check counts only free memory, and the
+        weights just read and copied sit in the cache (vllm#35313). Where ``sudo -n`` may (recon's
+        ``sudo -n true`` / ``sudo -n -l`` of the tee rule) the whole cache is dropped; a stock node
+        has no such sudo, and there the model's own files are evicted (``dd iflag=nocache``, no root
+        needed), which is most of it. The other choices: leave it, or stop and add the narrow rule."""
         flow = self.flow
         facts = flow.facts
         cache = {n: (facts[n].page_cache or 0) / GIB for n in flow.nodes}
         denied = [n for n in flow.nodes if not facts[n].can_sudo("drop-caches")]
         measured = [f"{n}: {c:.1f} GiB of page cache" + ("; sudo -n needs a password here" if n in denied else "")
                     for n, c in cache.items()]
-        if not denied:
-            d = Decision("caches.drop", self.id, "Drop the page cache on every node (sudo)", tuple(measured),
-                         (Option("yes", "drop it now", "vLLM's start-up check counts only free memory"),
-                          Option("no", "leave it", "the start may fail its free-memory check")),
-                         "yes", "the weights just read and copied sit in the page cache, which vLLM does not count "
-                         "as free (vllm#35313)")
-            flow.update(drop=await self.runner.decide(d) == "yes")
-            return
-        rules = "; ".join(f"on {n}: {drop_caches_rule(facts[n].user or 'USER')}" for n in denied)
-        can = [n for n in flow.nodes if n not in denied]
-        d = Decision("caches.drop", self.id, "Drop the page cache: sudo needs a password on "
-                     + ", ".join(denied), tuple(measured),
-                     (Option("go-on", "go on without dropping" + (f" on {', '.join(denied)}" if can else ""),
-                             "vLLM's check counts the page cache as used; the free-memory step left room"
-                             + (f"; dropped on {', '.join(can)}" if can else "")),
-                      Option("stop", "stop here and allow the drop", f"add the narrow sudoers rule sparkrun uses "
-                             f"(tee to drop_caches only): {rules}; then --resume")),
-                     "go-on", "the console never types a password; the narrow rule lets it drop the cache and "
-                     "nothing else")
-        if await self.runner.decide(d) == "stop":
-            raise StepFailed("stopped to allow dropping the page cache", rules + "; then --resume")
-        flow.update(drop=bool(can))
+        how = ("drop it on every node (sudo)" if not denied else
+               f"evict the HF cache's model files on {', '.join(denied)} (no sudo: dd iflag=nocache)"
+               + (f", drop it on {', '.join(n for n in flow.nodes if n not in denied)}"
+                  if len(denied) < len(flow.nodes) else ""))
+        options = [Option("yes", "free it now: " + how, "vLLM's start-up check counts only free memory"),
+                   Option("no", "leave it", "the start may fail its free-memory check")]
+        if denied:
+            rules = "; ".join(f"on {n}: {drop_caches_rule(facts[n].user or 'USER')}" for n in denied)
+            options.append(Option("stop", "stop here and allow dropping the whole cache",
+                                  f"add the narrow sudoers rule sparkrun uses (tee to drop_caches only): {rules}; "
+                                  "then --resume"))
+        d = Decision("caches.drop", self.id, "Free the page cache before launch", tuple(measured), tuple(options),
+                     "yes", "the weights just read and copied sit in the page cache, which vLLM does not count "
+                     "as free (vllm#35313)" + ("; without sudo the model files, most of it, can still be evicted"
+                                               if denied else ""))
+        answer = await self.runner.decide(d)
+        if answer == "stop":
+            raise StepFailed("stopped to allow dropping the page cache", options[-1].why)
+        flow.update(drop=answer == "yes")
 
     async def send(self) -> None:
         if self.flow.plan.drop:
             await drop_page_cache(self.flow, self.flow.nodes)
 
+    async def verify(self) -> None:
+        """What is free now, against what vLLM's start-up check will ask (``gmu × total``): where the
+        cache could not all go (no sudo: the image just loaded and the system's files stay cached,
+        root's to drop), the budget is fitted to what is free, the operator deciding, before a start
+        that would fail with "Free memory on device … is less than desired GPU memory utilization"."""
+        flow = self.flow
+        need = {n: int(v) for n, v in (flow.plan.need or {}).items()}
+        if not need:
+            return
+        facts = await flow.recon(flow.nodes)
+        free = {n: int((facts[n].mem_available or 0) - (facts[n].page_cache or 0)) for n in flow.nodes}
+        short = [n for n in flow.nodes if free[n] < need.get(n, 0) + START_OVERHEAD]
+        for n in flow.nodes:
+            self.runner.note(f"{free[n] / GIB:.1f} GiB free, {(facts[n].page_cache or 0) / GIB:.1f} GiB still cached "
+                             f"(launch needs {need.get(n, 0) / GIB:.1f} free)", node=n)
+        if not short:
+            return
+        total = min(_cuda_total(facts[n]) for n in flow.nodes)
+        fit = math.floor((min(free.values()) - LAUNCH_MARGIN - START_OVERHEAD) / total * 100) / 100
+        gmu = float(flow.plan.gmu or 0.85)
+        d = Decision("caches.fit", self.id, "Less is free than the plan's memory budget",
+                     tuple(f"{n}: {free[n] / GIB:.1f} GiB free of {(need[n] + START_OVERHEAD) / GIB:.1f} GiB "
+                           "needed (the start's own 1.5 GiB included); "
+                           f"{(facts[n].page_cache or 0) / GIB:.1f} GiB still in the page cache" for n in short),
+                     (Option("lower", f"re-plan at --gpu-memory-utilization {fit:.2f} (now {gmu:.2f})",
+                             "the weights stay as they are; the KV cache shrinks to fit what is free"),
+                      Option("go-on", "start as planned", "vLLM's start-up check will fail on " + ", ".join(short)),
+                      Option("stop", "stop here and drop the cache by hand",
+                             "`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on " + ", ".join(short)
+                             + ", then --resume")),
+                     "lower" if fit >= 0.5 else "stop",
+                     "the start-up check counts only free memory; what stays cached is root's to drop"
+                     if fit >= 0.5 else "too little is free to fit the weights and a useful KV cache")
+        answer = await self.runner.decide(d)
+        if answer == "stop":
+            raise StepFailed("stopped: the page cache holds memory the plan needs",
+                             "`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on " + ", ".join(short)
+                             + ", then --resume")
+        if answer == "lower":
+            flow.update(gmu_override=fit)
+            raise GoTo("plan", f"fit the memory budget to what is free ({fit:.2f})")
+
 
 async def drop_page_cache(flow: Flow, nodes: list[str]) -> None:
-    """``sync; echo 3 | sudo -n tee drop_caches`` on those of ``nodes`` where recon found sudo may
-    run it, through the runner (shown, journaled); the others are left as they are."""
+    """Free the page cache on ``nodes`` through the runner (shown, journaled): ``sync; echo 3 |
+    sudo -n tee drop_caches`` where recon found sudo may run it, else the model's own files
+    evicted (no root needed)."""
     for n in nodes:
-        if n in flow.facts and not flow.fact(n).can_sudo("drop-caches"):
-            continue
-        res = await flow.runner.change(n, drop_caches())
+        allowed = n not in flow.facts or flow.fact(n).can_sudo("drop-caches")
+        res = await flow.runner.change(n, drop_caches() if allowed else evict_page_cache(f"{flow.fact(n).hf_dir}/hub"))
         if not res.ok:
-            raise StepFailed(f"{n}: dropping the page cache failed: {res.stderr.strip()[-200:]}",
-                             "allow it with the narrow sudoers rule: " + drop_caches_rule("USER"))
+            raise StepFailed(f"{n}: freeing the page cache failed: {res.stderr.strip()[-200:]}",
+                             "allow dropping it with the narrow sudoers rule: " + drop_caches_rule("USER")
+                             if allowed else "read the error; --resume tries again")

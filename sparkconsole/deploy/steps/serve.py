@@ -115,8 +115,8 @@ class Serve(Step):
                 # when `vllm serve` imports vllm.ray.ray_env, so it is written before the start.
                 await self.runner.change(flow.head, write_in_container(
                     flow.container("ray"), NON_CARRY_OVER, json.dumps(keep),
-                    summary=f"keep each node's own {', '.join(keep)} (vLLM's Ray env carry-over)"),
-                    key="ray non-carry-over")
+                    summary=f"keep each node's own {', '.join(keep)} (vLLM's Ray env carry-over)"))
+                # not keyed: a start again after a failure has a new Ray head container, without the file
         for n, cmd in self._commands():
             key = f"serve {n} {self.runner.state.steps.get('serve-attempt', '1')}"
             res = await self.runner.change(n, cmd, timeout=300, key=key)
@@ -176,7 +176,7 @@ class Serve(Step):
                 return
             if rep.state == "failed":
                 self._calibrate()
-                await self._failed(rep)
+                await self._failed(await self._root_cause(rep))
                 return
             # the engine's containers: read when the log was quiet for a poll, and every few polls
             # (a worker's container can die while the head's log still moves)
@@ -202,6 +202,26 @@ class Serve(Step):
                 await self._timeout()
                 return
             await asyncio.sleep(self.runner.settings.poll_s)
+
+    async def _root_cause(self, rep: Any) -> Any:
+        """A native multi-node start that failed in words the head cannot explain ("Engine core
+        initialization failed … Failed core proc(s): {}": a headless worker died) is explained by that
+        worker's own log, where vLLM printed the cause (a worker's free-memory check, its NCCL): read
+        each worker's container log and take the first report that names a kind."""
+        flow = self.flow
+        if rep.failure_kind not in (None, "other") or flow.executor != "native" or flow.engine != "vllm":
+            return rep
+        for n in flow.nodes[1:]:
+            res = await self.runner.read(n, command("docker", "logs", "--tail", "400", flow.container("vllm")),
+                                         quiet=True)
+            worker = VllmLogTracker()
+            for line in (res.stdout + res.stderr).splitlines():
+                worker.feed(line)
+            got = worker.report
+            if got.state == "failed" and got.failure_kind not in (None, "other"):
+                self.runner.note(f"the start failed on {n}: {got.failure_line or got.failure_kind}", "error", node=n)
+                return got
+        return rep
 
     def _engine_containers(self) -> dict[str, list[str]]:
         """The containers this deployment starts for the engine, by node (their names carry the
@@ -272,7 +292,7 @@ class Serve(Step):
             options.append(Option("again", "start again", "the engine's containers started afresh ("
                                   + ("the Ray cluster formed again, then vLLM" if self.flow.executor == "ray"
                                      else "the same command")
-                                  + ("; the page cache dropped again first" if self.flow.plan.drop else "")
+                                  + ("; the page cache freed again first" if self.flow.plan.drop else "")
                                   + "): nothing in the log says the start was wrong"))
         if kind == "oom" and not layout_fits:
             options.append(Option("back-plan", "back to the plan: this layout does not fit",
