@@ -31,6 +31,8 @@ from sparkconsole.sim.model import (
 )
 from sparkconsole.sim.serve_plan import ipv4_v2_gids
 from tests.conftest import real_fixture
+from tests.test_sim_model import settle
+from tests.test_sim_model import sh as sim_sh
 
 HEAD, WORKER = "spark-1a32", "spark-5be3"
 QWEN = "Qwen/Qwen3.5-122B-A10B-FP8"
@@ -44,26 +46,9 @@ def cluster(scenario: str = "story"):
     return build(scenario, clock=SimClock.frozen())
 
 
-async def settle(task: asyncio.Future, hops: int = 40) -> None:
-    for _ in range(hops):
-        if task.done():
-            return
-        await asyncio.sleep(0)
-
-
 async def sh(c, node: str, cmd: str, step: float = 5.0, limit: float = 20_000.0) -> tuple[str, str, int]:
-    """Run ``cmd`` in ``node``'s shell, advancing the manual clock in ``step``s until it finishes."""
-    task = asyncio.ensure_future(Shell(c, node).capture(cmd))
-    waited = 0.0
-    await settle(task)
-    while not task.done():
-        c.clock.advance(step)
-        waited += step
-        await settle(task)
-        if waited > limit:
-            task.cancel()
-            raise AssertionError(f"{cmd!r} did not finish within {limit} sim seconds")
-    return task.result()
+    """test_sim_model's ``sh`` with room for a whole model's download and load."""
+    return await sim_sh(c, node, cmd, step, limit)
 
 
 def host_hf(c, node: str) -> str:
