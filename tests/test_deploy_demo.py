@@ -318,3 +318,19 @@ def test_read_only_refuses_the_first_change_and_sends_nothing(tmp_path):
     assert "read-only" in events[-1]["message"] and "refused" in events[-1]["message"]
     assert not [e for e in events if e["event"] == "command" and e["mutating"]]
     assert steps(events)["recon"] == "done" and not (state / "journal.jsonl").exists()
+
+
+def test_an_ngc_image_without_ray_serves_by_vllms_native_multi_node(tmp_path):
+    """NVIDIA's NGC 26.05 (vLLM 0.20.1) has no Ray and its entrypoint is not `vllm serve`: the engine
+    check reads both, the cluster step recommends vLLM's native multi-node, and every `docker run`
+    names its entrypoint, so the model id is never taken for a command (docs/dgx-os.md items 7, 8)."""
+    rc, events, err = deploy(tmp_path / "state", "--demo", "--scenario", "ngc-image", "--speed", SPEED, "--auto")
+    assert rc == 0, (err, events[-3:])
+    d = decisions(events)
+    assert d["engine.image"]["answer"] == "nvcr.io/nvidia/vllm:26.05-py3"
+    assert d["cluster.executor"]["answer"] == "native" and "Ray ABSENT" in " ".join(d["cluster.executor"]["measured"])
+    runs = [e["command"] for e in events if e["event"] == "command" and e["rc"] is None
+            and e["command"].startswith("docker run -d --name sparkconsole-vllm-")]
+    assert len(runs) == 2 and all("--entrypoint vllm nvcr.io/nvidia/vllm:26.05-py3 serve Qwen/" in c for c in runs)
+    assert not any("sparkconsole-ray-" in e.get("command", "") for e in events if e["event"] == "command")
+    assert events[-1]["ok"] and events[-1]["tokens_per_s"]
