@@ -47,9 +47,9 @@ HEAD, WORKER = "spark-1a32", "spark-5be3"
 BEFORE_PLAN = [
     StepEvent("recon", "running"),
     NoteEvent("recon", "NVIDIA GB10, driver 580.126.09, CUDA 13.0, 12.9/119.7 GiB available, docker 29.2.1 "
-                       "(overlay2), 3 images, fast link 192.168.200.12, Hub reachable", node=HEAD),
+                       "(overlayfs), 3 images, fast link 169.254.115.57, Hub reachable", node=HEAD),
     NoteEvent("recon", "NVIDIA GB10, driver 580.126.09, CUDA 13.0, 106.6/119.7 GiB available, docker 29.2.1 "
-                       "(overlay2), 1 image, fast link 192.168.200.13, Hub not reachable", node=WORKER),
+                       "(overlayfs), 1 image, fast link 169.254.70.174, Hub not reachable", node=WORKER),
     StepEvent("recon", "done"),
     StepEvent("plan", "running"),
 ]
