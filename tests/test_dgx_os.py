@@ -358,6 +358,12 @@ async def test_the_head_keeps_each_nodes_own_variables_from_vllms_ray_carry_over
     serve = [c for n, c in planned if "vllm serve" in c.shell()]
     assert planned.index(("spark-a", write[0])) < planned.index(("spark-a", serve[0]))  # read when serve starts
     assert "VLLM_CONFIG_ROOT=/root/.config/vllm" in shlex.split(serve[0].shell())
+    # the engine's log is made by the login user first, so root in the container writes into the
+    # user's file, not a root-owned one in the user's cache (item 2's "given back to the user")
+    log = f"/home/nvidia/.cache/huggingface/sparkconsole/{flow.runner.state.short_id}/serve.log"
+    made = next(i for i, (n, c) in enumerate(planned) if n == "spark-a" and f"touch {log}" in c.shell())
+    assert made < planned.index(("spark-a", serve[0])) and f"> {log.replace('/home/nvidia', '/root')}" in \
+        serve[0].shell()
 
 
 # ---- item 6: the engine check runs with the GPU and reads the build's CUDA and kernels ------------

@@ -20,6 +20,7 @@ from sparkconsole.logs.vllm import VllmLogTracker
 from sparkconsole.planner.plan import PlanOptions
 from sparkconsole.remote import (
     RemoteCommand,
+    and_then,
     command,
     docker_rm_force,
     docker_run,
@@ -27,6 +28,7 @@ from sparkconsole.remote import (
     file_from,
     mkdir_p,
     serve_in_container,
+    validate_path,
     write_in_container,
 )
 
@@ -106,8 +108,13 @@ class Serve(Step):
     async def send(self) -> None:
         flow = self.flow
         if flow.executor == "ray" and flow.engine == "vllm":
-            await self.runner.change(flow.head, mkdir_p(f"{flow.fact(flow.head).hf_dir}/sparkconsole/{self.runner.state.short_id}"),
-                                key="mkdir serve log")
+            # the log made here, by the login user: the engine (root in its container) then writes into
+            # a file the user owns (`>` keeps an existing file's owner), not a root-owned one in the
+            # user's cache that only sudo could remove
+            log_dir = f"{flow.fact(flow.head).hf_dir}/sparkconsole/{self.runner.state.short_id}"
+            await self.runner.change(flow.head, and_then(mkdir_p(log_dir), command("touch", validate_path(self._log())),
+                                                         summary=f"make the engine's log {self._log()}"),
+                                     key="mkdir serve log")
             keep = netenv.not_carried([flow.env(n) for n in flow.nodes])
             if keep:
                 # vLLM >= 0.17 copies the driver's NCCL_*/UCX_*/VLLM_*/HF_* to every Ray worker (PR
