@@ -597,3 +597,12 @@ def test_recon_says_what_the_login_user_may_not_do_and_which_ports_are_taken():
     Recon(flow)._access(f)
     assert ("warning", "port 6379 (Ray) is taken by gcs_server (pid 4242)") in notes
     assert any("sudo needs a password for jhunt" in t for _lvl, t in notes)
+
+
+def test_the_endpoints_tunnel_goes_to_the_login_user_on_the_heads_ssh_port():
+    """Before: `ssh -L 8000:localhost:8000 HOST`, which logs in as the laptop's user on port 22."""
+    from sparkconsole.deploy.steps.verify import _tunnel
+
+    assert _tunnel(NodeConfig("spark-a", "127.0.0.1", user="nvidia", port=2222), 8000) == \
+        "ssh -L 8000:localhost:8000 -p 2222 nvidia@127.0.0.1"
+    assert _tunnel(NodeConfig("spark-a", "spark-a.lan"), 8000) == "ssh -L 8000:localhost:8000 spark-a.lan"

@@ -50,6 +50,14 @@ class Verify(Step):
         head = self.runner.head
         self.runner.state.endpoint = f"http://{head.host}:{flow.options.port}/v1"
         self.runner.note(f"endpoint {self.runner.state.endpoint} (listening on {head.name}, all interfaces; from a laptop "
-                    f"without a route to it: ssh -L {flow.options.port}:localhost:{flow.options.port} {head.host})")
+                    f"without a route to it: {_tunnel(head, flow.options.port)})")
         self.runner.state.result = "served"
         self.runner.save()
+
+
+def _tunnel(head: object, port: int) -> str:
+    """The ``ssh -L`` a laptop runs to reach the head's API: as the inventory reaches the head (its
+    login user, its ssh port), since a stock Spark takes no root and a demo node listens elsewhere."""
+    user, host, ssh_port = getattr(head, "user", None), getattr(head, "host", ""), getattr(head, "port", None)
+    target = f"{user}@{host}" if user else str(host)
+    return f"ssh -L {port}:localhost:{port}" + (f" -p {ssh_port}" if ssh_port and ssh_port != 22 else "") + f" {target}"
