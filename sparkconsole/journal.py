@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkconsole.config import state_dir
+from sparkconsole.durable import write_all
 
 JOURNAL_FILE = "journal.jsonl"
 REDACTED = "***"
@@ -158,7 +159,7 @@ class Journal:
         data = (entry.to_json() + "\n").encode("utf-8")
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, data)
+            write_all(fd, data)  # a short append would run this entry into the next one
         finally:
             os.close(fd)
         return entry

@@ -41,6 +41,7 @@ from sparkconsole.deploy.events import Event, NoteEvent
 from sparkconsole.deploy.flow import Flow, Options
 from sparkconsole.deploy.runner import Runner
 from sparkconsole.deploy.state import DeploymentState, StateStore
+from sparkconsole.durable import write_all
 from sparkconsole.errors import UserError
 
 if TYPE_CHECKING:
@@ -214,9 +215,7 @@ def _read_all(fd: int) -> str:
 def _write_all(fd: int, data: bytes) -> None:
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+    write_all(fd, data)
     os.fsync(fd)
 
 

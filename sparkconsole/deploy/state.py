@@ -24,6 +24,7 @@ from typing import Any
 
 from sparkconsole.config import state_dir
 from sparkconsole.deploy.deployment_plan import DeploymentPlan
+from sparkconsole.durable import write_all
 from sparkconsole.errors import UserError
 from sparkconsole.journal import redact
 
@@ -132,6 +133,12 @@ def _redacted(value: Any) -> Any:
     return value
 
 
+class StateNotSaved(UserError):
+    """The state could not be written whole (a full disk): the last good file stays as it was."""
+
+    exit_code = 1
+
+
 class StateStore:
     """Where deployment states live; ``root=None``: ``state_dir()/deployments``."""
 
@@ -147,11 +154,17 @@ class StateStore:
         data = json.dumps(st.to_json(), indent=1, sort_keys=True).encode()
         fd, tmp = tempfile.mkstemp(prefix=f".{st.id}.", dir=self.root)
         try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            try:
+                os.fchmod(fd, 0o600)
+                write_all(fd, data)  # every byte or an error: a short write never replaces a good state
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            kept = f"the last saved one is kept at {target}" if target.exists() else "none was saved before"
+            raise StateNotSaved(f"the deployment state could not be saved ({exc.strerror or exc}): {kept}; "
+                                "free some disk and --resume") from None
         os.replace(tmp, target)
         (self.root / "latest").write_text(st.id + "\n")
         return target
