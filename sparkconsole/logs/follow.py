@@ -370,15 +370,25 @@ class BufferLine:
         return f"[{self.source}] {self.text}" if self.source and self.kind == "line" else self.text
 
 
+# Escape sequences a node's text may carry: CSI (colours, cursor, clear screen), OSC (window title,
+# clipboard: OSC 52), DCS/SOS/PM/APC strings, two-byte escapes (ESC c resets the terminal), and the
+# 8-bit C1 controls (U+0080-U+009F: a lone U+009B is CSI to some terminals). All are removed whole:
+# dropping only the ESC byte would leave "]52;c;..." on the screen.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+                      r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?|\x1b[ -/]*[0-~]|\x9b[0-?]*[ -/]*[@-~]"
+                      r"|\x9d[^\x07\x9c]*[\x07\x9c]?|[\x80-\x9f]")
+
+
 def display_text(text: str) -> str:
     """What a terminal would show for a line: the last ``\\r`` segment, tabs expanded, no
-    escape sequences or control characters."""
+    escape sequences or control characters. Every node text on the screen goes through this once,
+    where it enters (node text is data, never terminal control)."""
     if "\r" in text:
         parts = [p for p in text.split("\r") if p.strip()]
         text = parts[-1] if parts else ""
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    text = _ESCAPES.sub("", text)
     text = text.expandtabs(4)
-    return "".join(ch for ch in text if ch >= " " or ch == "\t")
+    return "".join(ch for ch in text if (ch >= " " and ch != "\x7f") or ch == "\t")
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:

@@ -46,6 +46,7 @@ from sparkconsole.logs.follow import (
     Reattached,
     StreamDropped,
     compile_pattern,
+    display_text,
 )
 from sparkconsole.logs.vllm import VllmLogReport, VllmLogTracker
 from sparkconsole.ui.render import thin_scrollbars
@@ -169,7 +170,9 @@ class VllmPanel(Vertical):
         self.set_class(report.state != "unknown", "-seen")
         self.set_class(report.state == "failed", "-failed")
         self.set_class(report.state == "ready", "-ready")
-        texts = report_lines(report)
+        # the report's texts carry the node's own words (the model id, the failure line: a traceback's
+        # "in [/root/.cache/…]" or a "[rank0]:" prefix): plain Text, never markup, never escapes
+        texts = {k: Text(display_text(v)) for k, v in report_lines(report).items()}
         self.query_one("#vllm-head", Static).update(texts["head"])
         row = self.query_one("#vllm-progress-row")
         row.set_class("shards" not in texts, "-empty")
@@ -180,7 +183,7 @@ class VllmPanel(Vertical):
         for part in ("facts", "ready", "failure", "advice"):
             w = self.query_one(f"#vllm-{part}", Static)
             w.set_class(part not in texts, "-empty")
-            w.update(texts.get(part, ""))
+            w.update(texts.get(part, Text("")))
 
 
 class LogScreen(Screen[None]):

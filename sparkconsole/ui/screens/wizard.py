@@ -58,6 +58,7 @@ from sparkconsole.deploy.events import (
 from sparkconsole.deploy.flow import Options
 from sparkconsole.deploy.state import DeploymentState
 from sparkconsole.deploy.steps import STEP_IDS, STEPS
+from sparkconsole.logs.follow import display_text
 from sparkconsole.remote import RemoteCommand
 from sparkconsole.ui.keymap import WIZARD_BINDINGS
 from sparkconsole.ui.messages import DeploymentRequested, OpenLogs
@@ -516,7 +517,7 @@ class WizardScreen(LiveScreen):
             bar.update(total=None)
         else:
             bar.update(total=100, progress=round(max(0.0, min(1.0, e.fraction)) * 100, 1))
-        detail.update(e.detail)
+        detail.update(Text(display_text(e.detail)))  # a node's progress line: plain text, never markup
 
     def _finish_bars(self, step: str) -> None:
         """A finished step's bars read 100 % (its last report may have come before the end: the
