@@ -87,6 +87,17 @@ def gpu_visible(opts: list[tuple[str, str]]) -> bool:
     return False
 
 
+def through_binds(binds, path: str) -> tuple[str, tuple[str, str]] | None:
+    """The node's path for a container's ``path`` through the longest ``-v HOST:CTR`` bind that
+    holds it, with that bind; None when no bind holds it (the path is the container's own)."""
+    p = VFS.norm(path)
+    for h, c in sorted(((VFS.norm(h), VFS.norm(c)) for h, c in binds), key=lambda b: -len(b[1])):
+        moved = ContainerFS._move(p, c, h)
+        if moved is not None:
+            return VFS.norm(moved), (h, c)
+    return None
+
+
 class ContainerFS:
     """A container's files: its bind mounts onto the node's :class:`VFS`, the rest its own."""
 
@@ -116,10 +127,9 @@ class ContainerFS:
     def route(self, path: str, cwd: str = "/") -> tuple[VFS, str, tuple[str, str] | None]:
         """(the file system holding ``path``, its path there, the bind it goes through)."""
         p = VFS.norm(path, cwd)
-        for h, c in self.binds:
-            moved = self._move(p, c, h)
-            if moved is not None:
-                return self.node_fs, VFS.norm(moved), (h, c)
+        hit = through_binds(self.binds, p)
+        if hit is not None:
+            return self.node_fs, hit[0], hit[1]
         return self.rootfs, p, None
 
     def _back(self, path: str, bind: tuple[str, str] | None) -> str:

@@ -342,103 +342,13 @@ class VFS:
         return sorted(bases)
 
 
-class MountView:
-    """A container's view of its node's files through its ``-v HOST:CTR`` bind mounts.
-
-    Why: a container runs as root and sees the login user's cache at ``/root/.cache/huggingface``
-    (``-v /home/nvidia/.cache/huggingface:/root/.cache/huggingface``), so a path in the container is
-    not the same path on the node. Paths given here are the container's; each is mapped to the host
-    path of the longest bind that holds it (a path outside every bind stays as it is: the simulator
-    keeps one file system per node, shared with its containers) and paths handed back (``resolve``,
-    ``walk``, ``glob``) are mapped back. Everything else is the node's :class:`VFS`.
-    """
-
-    def __init__(self, base: VFS, binds: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> None:
-        self.base = base
-        self.binds = sorted(((VFS.norm(h), VFS.norm(c)) for h, c in binds), key=lambda b: -len(b[1]))
-
-    norm = staticmethod(VFS.norm)
-
-    def __getattr__(self, name: str):  # entries, listeners, now, virtual, append ...
-        return getattr(self.base, name)
-
-    @staticmethod
-    def _move(path: str, frm: str, to: str) -> str | None:
-        if path == frm:
-            return to
-        if path.startswith(frm.rstrip("/") + "/"):
-            return to.rstrip("/") + path[len(frm.rstrip("/")):]
-        return None
-
-    def host(self, path: str, cwd: str = "/") -> str:
-        """The node's path for the container's ``path``."""
-        p = VFS.norm(path, cwd)
-        for h, c in self.binds:
-            moved = self._move(p, c, h)
-            if moved is not None:
-                return moved
-        return p
-
-    def inside(self, host_path: str) -> str:
-        """The container's path for the node's ``host_path`` (as it is when no bind holds it)."""
-        for h, c in sorted(self.binds, key=lambda b: -len(b[0])):
-            moved = self._move(host_path, h, c)
-            if moved is not None:
-                return moved
-        return host_path
-
-    def resolve(self, path: str, follow: bool = True, cwd: str = "/") -> str:
-        return self.inside(self.base.resolve(self.host(path, cwd), follow))
-
-    def lookup(self, path: str, follow: bool = True, cwd: str = "/") -> Inode | None:
-        return self.base.lookup(self.host(path, cwd), follow)
-
-    def exists(self, path: str, cwd: str = "/") -> bool:
-        return self.base.exists(self.host(path, cwd))
-
-    def get_file(self, path: str, cwd: str = "/") -> Inode:
-        return self.base.get_file(self.host(path, cwd))
-
-    def read_text(self, path: str, cwd: str = "/") -> str:
-        return self.base.read_text(self.host(path, cwd))
-
-    def listdir(self, path: str, cwd: str = "/") -> list[str]:
-        return self.base.listdir(self.host(path, cwd))
-
-    def mkdir(self, path: str, parents: bool = False, cwd: str = "/") -> None:
-        self.base.mkdir(self.host(path, cwd), parents)
-
-    def open_write(self, path: str, append: bool = False, cwd: str = "/") -> str:
-        return self.base.open_write(self.host(path, cwd), append)  # a node path, for ``append``
-
-    def write_text(self, path: str, text: str, cwd: str = "/") -> None:
-        self.base.write_text(self.host(path, cwd), text)
-
-    def put_blob(self, path: str, size: int, sha256: str | None) -> Inode:
-        return self.base.put_blob(self.host(path), size, sha256)
-
-    def symlink(self, target: str, path: str, cwd: str = "/") -> None:
-        self.base.symlink(target, self.host(path, cwd))
-
-    def remove(self, path: str, recursive: bool = False, cwd: str = "/") -> None:
-        self.base.remove(self.host(path, cwd), recursive)
-
-    def rename(self, src: str, dst: str) -> None:
-        self.base.rename(self.host(src), self.host(dst))
-
-    # these two only walk through lookup/listdir/resolve, so the container's paths come out
-    walk = VFS.walk
-    glob = VFS.glob
-
-
 def node_path(fs: object, path: str, cwd: str = "/") -> str:
-    """The node's path for ``path`` as seen through ``fs`` (a node's own VFS, a :class:`MountView`, a
-    container's file system): what a page-cache ramp and an eviction name, so a file written in a
+    """The node's path for ``path`` as seen through ``fs`` (a node's own VFS or a container's
+    :class:`~sparkconsole.sim.container.ContainerFS`): what a page-cache ramp and an eviction name, so a file written in a
     container through its bind mount and evicted on the host are the same file; "" for a path in a
     container's own files (no node path)."""
     route = getattr(fs, "route", None)
     if route is not None:
         _vfs, p, bind = route(path, cwd)
         return p if bind is not None else ""
-    host = getattr(fs, "host", None)
-    return host(path, cwd) if host is not None else VFS.norm(path, cwd)
+    return VFS.norm(path, cwd)

@@ -22,6 +22,7 @@ from sparkconsole.remote import (
     RemoteCommand,
     and_then,
     command,
+    docker_logs,
     docker_rm_force,
     docker_run,
     docker_state,
@@ -219,8 +220,7 @@ class Serve(Step):
         if rep.failure_kind not in (None, "other") or flow.executor != "native" or flow.engine != "vllm":
             return rep
         for n in flow.nodes[1:]:
-            res = await self.runner.read(n, command("docker", "logs", "--tail", "400", flow.container("vllm")),
-                                         quiet=True)
+            res = await self.runner.read(n, docker_logs(flow.container("vllm"), tail=400, follow=False), quiet=True)
             worker = VllmLogTracker()
             for line in (res.stdout + res.stderr).splitlines():
                 worker.feed(line)

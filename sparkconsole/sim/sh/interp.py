@@ -44,7 +44,7 @@ from sparkconsole.sim.sh.parse import (
     Simple,
     parse,
 )
-from sparkconsole.sim.vfs import VFS, FsError, MountView
+from sparkconsole.sim.vfs import VFS, FsError
 
 if TYPE_CHECKING:
     from sparkconsole.sim.model import SimCluster
@@ -162,10 +162,8 @@ class Interp:
 
     @property
     def fs(self) -> VFS:
-        """The node's files; in a container (``docker exec``), seen through its bind mounts."""
-        base = self.cluster.fs(self.node_name)
-        binds = getattr(getattr(self, "container", None), "binds", ())
-        return MountView(base, binds) if binds else base  # type: ignore[return-value]
+        """The node's files (a shell in a container sees its own: ``DockerTools.fs``)."""
+        return self.cluster.fs(self.node_name)
 
     def absent(self, name: str) -> bool:
         """Whether tool ``name`` is missing here (stock host: no ``hf``; see ``HOST_ABSENT``)."""

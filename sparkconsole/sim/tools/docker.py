@@ -56,6 +56,7 @@ from sparkconsole.sim.container import (
     gpu_visible,
     has_command,
     image_commands,
+    through_binds,
 )
 from sparkconsole.sim.model import (
     DOCKER_VERSION,
@@ -84,7 +85,7 @@ from sparkconsole.sim.tools.common import (
     _ssh_target,
     _ssh_user,
 )
-from sparkconsole.sim.vfs import FsError, MountView
+from sparkconsole.sim.vfs import FsError
 
 # What the docker CLI says to a user outside the ``docker`` group (the socket is root:docker 0660).
 # Docker 29's wording (29.2.1, as on the Spark capture: chrisjbawden/cockpit-dockermanager#37); up to
@@ -1077,7 +1078,8 @@ class DockerTools:
         hf_home = dict(ct.env).get("HF_HOME") or CONTAINER_HF_HOME
         owner, name = repo.split("/", 1)
         snap = f"{hf_home}/hub/models--{owner}--{name}/snapshots/{repo_revision(repo)}"
-        host = MountView(self.cluster.fs(self.node_name), ct.binds).host(snap) if ct.binds else snap
+        hit = through_binds(ct.binds, snap)
+        host = hit[0] if hit is not None else snap
         return not self.cluster.model_files_ok(self.node_name, repo, path=host)
 
     async def d_exec(self, args: list[str], io: IO) -> int:
