@@ -621,3 +621,17 @@ async def test_teardown_goes_on_when_the_page_cache_cannot_be_freed():
     flow.runner.note = lambda text, level="info", node=None: notes.append((level, text))  # type: ignore[method-assign]
     await drop_page_cache(flow, ["spark-a", "spark-b"], strict=False)
     assert [lvl for lvl, _t in notes] == ["warning", "warning"] and "Permission denied" in notes[0][1]
+
+
+def test_a_process_name_read_from_a_node_reaches_the_notes_as_plain_text():
+    """``ss`` prints the process name a node chose: an escape in it must not reach the screen."""
+    from sparkconsole.deploy.recon import Listener
+    from sparkconsole.deploy.steps import Recon
+
+    flow, _ = _stock()
+    notes: list[str] = []
+    flow.runner.note = lambda text, level="info", node=None: notes.append(text)  # type: ignore[method-assign]
+    f = NodeFacts("spark-a", user="nvidia", groups=["docker"], sudo="all",
+                  listeners=[Listener(8000, "0.0.0.0", "evil\x1b]52;c;eA==\x07\x1b[2J", 7)])
+    Recon(flow)._access(f)
+    assert notes == ["port 8000 (the engine's API) is taken by evil (pid 7)"]

@@ -13,6 +13,7 @@ from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.deploy.state import Stopped
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.deploy.steps.plan import LAUNCH_MARGIN, _cuda_total
+from sparkconsole.logs.follow import display_text
 from sparkconsole.remote import (
     docker_action,
     drop_caches,
@@ -188,7 +189,7 @@ async def drop_page_cache(flow: Flow, nodes: list[str], *, strict: bool = True) 
         res = await flow.runner.change(n, drop_caches() if allowed else evict_page_cache(f"{flow.fact(n).hf_dir}/hub"),
                                        timeout=600)
         if not res.ok and not strict:
-            why = (res.stderr.strip() or f"exit {res.exit_status}")[-200:]
+            why = display_text((res.stderr.strip() or f"exit {res.exit_status}")[-200:])  # a node's words
             flow.runner.note(f"the page cache could not be freed ({why}): a service started again may fail its "
                              "start-up memory check", "warning", node=n)
             continue

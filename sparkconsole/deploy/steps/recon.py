@@ -6,6 +6,7 @@ from sparkconsole.deploy.flow import GIB
 from sparkconsole.deploy.recon import INSTALL, NodeFacts
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
+from sparkconsole.logs.follow import display_text
 
 
 class Recon(Step):
@@ -54,7 +55,7 @@ class Recon(Step):
         for port, what in ports.items():
             held = f.holder_of_port(port)
             if held is not None:
-                self.runner.note(f"port {port} ({what}) is taken by {held.process or 'another process'}"
+                self.runner.note(f"port {port} ({what}) is taken by {display_text(held.process or 'another process')}"
                                  f"{f' (pid {held.pid})' if held.pid else ''}", "warning", node=f.node)
 
 

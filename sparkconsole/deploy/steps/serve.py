@@ -16,6 +16,7 @@ from sparkconsole.deploy.state import Started
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.deploy.steps.cluster import DOCKER_OPTS
 from sparkconsole.deploy.steps.memory import drop_page_cache
+from sparkconsole.logs.follow import display_text
 from sparkconsole.logs.vllm import VllmLogTracker
 from sparkconsole.planner.plan import PlanOptions
 from sparkconsole.remote import (
@@ -226,7 +227,8 @@ class Serve(Step):
                 worker.feed(line)
             got = worker.report
             if got.state == "failed" and got.failure_kind not in (None, "other"):
-                self.runner.note(f"the start failed on {n}: {got.failure_line or got.failure_kind}", "error", node=n)
+                self.runner.note(f"the start failed on {n}: {display_text(got.failure_line or got.failure_kind or '')}",
+                                 "error", node=n)
                 return got
         return rep
 
