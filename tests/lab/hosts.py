@@ -744,6 +744,14 @@ LogLevel VERBOSE
         # real /root (pyenv): keep them visible there, and root's home passable (0711) to reach them
         keep = ""
         for prefix in sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}):
+            if not prefix.is_relative_to("/root"):
+                # elsewhere (a clone in `mktemp -d`, mode 0700): the user needs to pass through each
+                # folder above the interpreter to run it (search only, never read: o+x)
+                for up in [prefix, *prefix.parents]:
+                    mode = up.stat().st_mode
+                    if not mode & 0o001:
+                        up.chmod((mode & 0o7777) | 0o001)
+                continue
             if prefix.is_relative_to("/root"):
                 inside = h.root_home / prefix.relative_to("/root")
                 inside.mkdir(parents=True, exist_ok=True)
