@@ -169,7 +169,7 @@ async def test_detail_filter_shows_only_matching_services(tmp_path):
         await pilot.pause()
         table = app.screen.query_one("#containers-table", DataTable)
         assert table.row_count == 1
-        assert table.get_row_at(0)[0] == "reranker"
+        assert str(table.get_row_at(0)[0]) == "reranker"  # a Text cell: node text is never markup
         await pilot.press("escape")  # closes the filter box, stays on the detail
         assert isinstance(app.screen, NodeDetailScreen)
 
@@ -178,7 +178,7 @@ async def _select(app, pilot, name: str) -> None:
     table = app.screen.query_one("#containers-table", DataTable)
     table.focus()
     for row in range(table.row_count):
-        if table.get_row_at(row)[0] == name:
+        if str(table.get_row_at(row)[0]) == name:  # a Text cell
             table.move_cursor(row=row)
             await pilot.pause()
             return

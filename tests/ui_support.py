@@ -201,7 +201,7 @@ async def confirm_restart(pilot, app) -> None:
     await pilot.pause()
     table = app.screen.query_one("#containers-table")
     for row in range(table.row_count):
-        if table.get_row_at(row)[0] == "vllm-glm":
+        if str(table.get_row_at(row)[0]) == "vllm-glm":  # a Text cell (node text is never markup)
             table.move_cursor(row=row)
     await pilot.press("R")
     await screen_is(pilot, app, "ConfirmScreen")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkconsole.errors import UserError
+from sparkconsole.logs.follow import json_safe
 from sparkconsole.probe import parsers as p
 
 GPU_KEYS = ("index", "name", "temperature_c", "power_w", "power_limit_w", "memory_used_mib",
@@ -158,5 +159,7 @@ def read_text(name: str) -> str:
 def run(args: argparse.Namespace) -> int:
     text = read_text(args.file)
     result = ALL_KINDS[args.kind](text)
-    print(json.dumps(result, ensure_ascii=False))
+    # the parsed values are the saved output's own words: ESC and the other C0 controls come out as
+    # \u escapes (json.dumps), DEL, C1 and lone surrogates too (json_safe): nothing a terminal acts on
+    print(json_safe(json.dumps(result, ensure_ascii=False)))
     return 0

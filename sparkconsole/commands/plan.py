@@ -167,7 +167,9 @@ def render_text(r: PlanResult, source: str) -> str:
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows] + [""] + [f"- {x}" for x in r.reasons]
         return "\n".join(lines) + "\n"
-    table = Table(title=f"sparkconsole plan: {r.model}", show_header=False)
+    from rich.text import Text
+
+    table = Table(title=Text(f"sparkconsole plan: {r.model}"), show_header=False)  # a name is text, not markup
     table.add_column(style="bold")
     table.add_column()
     for k, v in rows:
@@ -196,9 +198,11 @@ def _read_log_arg(path: str) -> str:
 
 def render_calibration(cal) -> str:
     """Planner against log, then the calibrated and re-planned verdicts."""
+    from sparkconsole.logs.follow import display_lines
     from sparkconsole.planner.calibrate import summary_lines
 
-    return "\n".join(summary_lines(cal)) + "\n" + render_text(cal.replan or cal.calibrated, "calibrated from the log")
+    # the lines quote what the log said (its model name, its figures): a log is a node's text
+    return display_lines("\n".join(summary_lines(cal))) + "\n" + render_text(cal.replan or cal.calibrated, "calibrated from the log")
 
 
 def _run_from_log(args: argparse.Namespace, spec) -> int:

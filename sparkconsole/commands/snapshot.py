@@ -10,6 +10,7 @@ import sys
 from sparkconsole.cli import add_cluster_args
 from sparkconsole.commands._cluster import open_cluster
 from sparkconsole.errors import UserError
+from sparkconsole.logs.follow import display_lines
 from sparkconsole.probe.alerts import cluster_alerts
 from sparkconsole.probe.poller import snapshot_cluster, states_to_json
 from sparkconsole.probe.state import NodeState, NodeStatus
@@ -30,14 +31,16 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
 
 
 def _line(state: NodeState) -> str:
+    """One node on one line. The reason and the GPU's name are the node's words: cleaned of
+    escape sequences (they would reach the operator's terminal) and kept on the line."""
     s = state.sample
     if s is None:
-        return f"{state.name:<16} {state.status.value:<10} {state.reason}"
+        return f"{state.name:<16} {state.status.value:<10} {display_lines(state.reason, ' ')}"
     mem = s.memory
     gib = 2**30
     used = f"{mem.used_bytes / gib:.1f}" if mem.used_bytes is not None else "—"
     total = f"{mem.total_bytes / gib:.1f}" if mem.total_bytes is not None else "—"
-    gpu = s.gpus[0].name if s.gpus and s.gpus[0].name else "no GPU read"
+    gpu = display_lines(s.gpus[0].name, " ") if s.gpus and s.gpus[0].name else "no GPU read"
     up = sum(1 for link in s.links if link.state == "up")
     return (f"{state.name:<16} {state.status.value:<10} {gpu:<14} memory {used}/{total} GiB  "
             f"links up {up}/{len(s.links)}  containers {sum(c.state == 'running' for c in s.containers)}")
@@ -56,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         data = states_to_json(states)
         data["alerts"] = [{"node": a.node, "severity": a.severity, "text": a.text} for a in alerts]
-        json.dump(data, sys.stdout, indent=2)
+        json.dump(data, sys.stdout, indent=2)  # ensure_ascii (the default): every control char is a \u escape
         sys.stdout.write("\n")
     else:
         for state in states:
             print(_line(state))
         for a in alerts:
-            print(f"{a.severity}: {a.node}: {a.text}")
+            print(f"{a.severity}: {a.node}: {display_lines(a.text, ' ')}")
     return 0 if all(s.status is NodeStatus.UP for s in states) else 3

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import re
 import time
@@ -32,7 +33,7 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sparkconsole.errors import TransportError
 from sparkconsole.remote import docker_logs, journalctl_follow, validate_container, validate_unit
@@ -388,7 +389,77 @@ def display_text(text: str) -> str:
         text = parts[-1] if parts else ""
     text = _ESCAPES.sub("", text)
     text = text.expandtabs(4)
-    return "".join(ch for ch in text if (ch >= " " and ch != "\x7f") or ch == "\t")
+    # a lone surrogate (bytes decoded with surrogateescape) cannot be written to a UTF-8 terminal:
+    # the write would raise and end the app or the CLI, so it shows as U+FFFD, as "replace" does
+    return "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text
+                   if (ch >= " " and ch != "\x7f") or ch == "\t")
+
+
+def display_lines(text: str, sep: str = "\n") -> str:
+    """A text of several lines (a command's stderr, a note, an error) as a terminal would show
+    it: each line through :func:`display_text` (which, being for one line, would drop the line
+    breaks and glue the lines together), joined by ``sep`` (``" "`` where one line is shown)."""
+    if "\n" not in text:
+        return display_text(text)
+    lines = (display_text(line) for line in text.replace("\r\n", "\n").split("\n"))
+    return sep.join(lines) if sep == "\n" else sep.join(line for line in lines if line.strip())
+
+
+# What json.dumps(..., ensure_ascii=False) leaves raw that a terminal may act on: DEL, the C1
+# controls (a raw U+009B is CSI to some terminals) and lone surrogates (a UTF-8 stream cannot write
+# them: the print raises). json escapes U+0000-U+001F itself.
+_JSON_RAW = re.compile("[\x7f-\x9f\ud800-\udfff]")
+
+
+def json_safe(text: str) -> str:
+    """JSON text made with ``ensure_ascii=False`` (non-ASCII names stay readable) with those
+    characters written as ``\\u`` escapes too: the same JSON value (they can only stand inside its
+    strings), and nothing in it that a terminal would act on."""
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+_T = TypeVar("_T")
+
+
+def display_fields(obj: _T, sep: str = "\n") -> _T:
+    """A copy of a frozen dataclass (a deploy event, an alert) with all its text, nested lists,
+    tuples and dicts included, through :func:`display_lines` (``sep`` joins the lines: ``" "``
+    for what is shown on one line, an alert); the object itself when nothing changed (the common
+    case costs no copy). It is for showing: the data kept and sent (the event's JSON, a
+    decision's answer) keeps the node's exact words."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return obj
+    changes = {}
+    for f in dataclasses.fields(obj):
+        if not f.init:
+            continue
+        value = getattr(obj, f.name)
+        shown = _displayed(value, sep)
+        if shown is not value:
+            changes[f.name] = shown
+    return dataclasses.replace(obj, **changes) if changes else obj
+
+
+def _displayed(value: Any, sep: str) -> Any:
+    """``value`` cleaned for :func:`display_fields`, or ``value`` itself when nothing in it changed
+    (so that an unchanged event is not copied)."""
+    if isinstance(value, str):
+        shown = display_lines(value, sep)
+        return value if shown == value else shown
+    if isinstance(value, (list, tuple)):
+        items = [_displayed(v, sep) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        if isinstance(value, list) or type(value) is tuple:
+            return type(value)(items)
+        return type(value)(*items)  # a named tuple
+    if isinstance(value, dict):
+        pairs = {_displayed(k, sep): _displayed(v, sep) for k, v in value.items()}
+        same = len(pairs) == len(value) and all(k in value and value[k] is v for k, v in pairs.items())
+        return value if same else pairs
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return display_fields(value, sep)
+    return value
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:

@@ -21,6 +21,8 @@ from rich.text import Text
 from textual import work
 from textual.app import App, SystemCommand
 from textual.command import Hit, Hits, Provider
+from textual.content import Content
+from textual.markup import escape
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
 from textual.worker import Worker, WorkerState
@@ -28,7 +30,15 @@ from textual.worker import Worker, WorkerState
 from sparkconsole.config import ClusterConfig, NodeConfig, state_dir
 from sparkconsole.errors import UserError
 from sparkconsole.journal import Journal
-from sparkconsole.logs.follow import LogFollower, docker_follow, journal_follow, merge_by_time
+from sparkconsole.logs.follow import (
+    LogFollower,
+    display_fields,
+    display_lines,
+    display_text,
+    docker_follow,
+    journal_follow,
+    merge_by_time,
+)
 from sparkconsole.probe.alerts import Alert, cluster_alerts
 from sparkconsole.probe.poller import ClusterPoller
 from sparkconsole.probe.state import NodeState, NodeStatus
@@ -136,9 +146,26 @@ class NodeCommands(Provider):
                 entries.append((f"Merged log of {container} on {', '.join(nodes)}",
                                 partial(app.open_merged_logs, container, nodes), "interleaved by time"))
         for name, callback, help_text in entries:
+            # the entries name the nodes' containers, and the palette parses a prompt and its help as
+            # markup: cleaned; a prompt markup would change is shown plain (not highlighted), a help
+            # that escaping cannot keep as written is left out
+            name, help_text = display_text(name), display_text(help_text)
             score = matcher.match(name)
             if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+                prompt = matcher.highlight(name) if _as_markup(name) == name else Content(name)
+                yield Hit(score, prompt, callback, help=_as_markup(help_text))
+
+
+def _as_markup(text: str) -> str | None:
+    """Markup that shows exactly ``text``: itself, or escaped, or None where Textual's escape cannot
+    say it (it leaves ``[$x]``, a variable, and doubles backslashes only before a tag)."""
+    for markup in (text, escape(text)):
+        try:
+            if Content.from_markup(markup).plain == text:
+                return markup
+        except Exception:  # MarkupError and its kin: not this way
+            continue
+    return None
 
 
 class SparkConsoleApp(App[int]):
@@ -297,7 +324,19 @@ class SparkConsoleApp(App[int]):
         self.add_event("critical", f"{title}: {what}: {text}")
 
     def add_event(self, severity: str, text: str) -> None:
-        self.events.append((self.clock(), severity, text))
+        """One line in the events strip. The text often carries a node's words (a reason, a
+        service action's stderr, a worker's error): cleaned here, on one line, once for the strip."""
+        self.events.append((self.clock(), severity, display_lines(text, " ")))
+
+    def notify(self, message: str, *, title: str = "", severity: Any = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Textual's toast, always plain text, cleaned: messages here carry a node's words (a
+        service action's result, a worker's error, the wizard's notes) and Textual would parse
+        them as markup (``in [/root/.cache/x]`` raises MarkupError and ends the app) and pass
+        their escape sequences to the terminal. ``markup`` is ignored: a screen's ``notify``
+        passes Textual's default (True) for every message, and no toast here means markup."""
+        super().notify(display_lines(message), title=display_text(title), severity=severity, timeout=timeout,
+                       markup=False)
 
     def _note_changes(self, name: str, alerts: list[Alert] | None = None) -> None:
         """Record status transitions and new alerts in the events list."""
@@ -372,7 +411,11 @@ class SparkConsoleApp(App[int]):
         return [] if self.poller is None else self.poller.states
 
     def alerts(self) -> list[Alert]:
-        return cluster_alerts(self.states())
+        """The cluster's alerts, as every screen shows them: their texts carry the nodes' words (a
+        container's name, a reason, a driver version), so they are cleaned here, where the UI
+        takes them, on one line each (:func:`~sparkconsole.logs.follow.display_fields`: a copy
+        only when needed)."""
+        return [display_fields(a, " ") for a in cluster_alerts(self.states())]
 
     def status_strip(self, width: int | None = None) -> Text:
         """Every node with its number and status, then the polling state. When that does not fit in

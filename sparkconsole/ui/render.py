@@ -1,7 +1,15 @@
-"""Small Rich renderers the cards and detail views share: sparklines, the memory bar, values.
+"""Small Rich renderers the cards and detail views share: sparklines, the memory bar, values,
+and node text.
 
 Kept as functions returning :class:`rich.text.Text` so a whole card is one cheap ``Static``
 update per sample, and so gaps ("not read") render as gaps and unknown values as "—".
+
+Node text is data (issue 23): what a node said (a process, container or image name, a reason it
+could not be read, an error) goes on screen through :func:`node_str` or :func:`node_text` only:
+cleaned by :func:`~sparkconsole.logs.follow.display_text` (no escape sequence reaches the
+operator's terminal) and as plain Text, never Textual or Rich markup (a plain ``str`` given to a
+``DataTable`` cell, a Rich ``Table`` cell, ``Static.update`` or a tooltip is parsed as markup:
+``in [/root/.cache/x]`` raises ``MarkupError`` and ends the app).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from rich.text import Text
 from textual.scrollbar import ScrollBarRender
 from textual.widget import Widget
 
+from sparkconsole.logs.follow import display_lines
 from sparkconsole.probe.samples import UnifiedMemory
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -27,6 +36,19 @@ MEMORY_COLOURS = {
     "cache": "blue",
     "free": "green",
 }
+
+
+def node_str(text: object, *, lines: bool = False) -> str:
+    """A node's text as the screen may show it: no escapes, no control characters; on one line
+    (its lines joined by spaces) unless ``lines``. ``None`` is ""."""
+    if text is None:
+        return ""
+    return display_lines(str(text), "\n" if lines else " ")
+
+
+def node_text(text: object, style: str = "", *, lines: bool = False) -> Text:
+    """A node's text as plain :class:`~rich.text.Text` (never markup), cleaned by :func:`node_str`."""
+    return Text(node_str(text, lines=lines), style=style)
 
 
 def sparkline(values: Sequence[float | None], width: int, lo: float | None = None, hi: float | None = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -24,6 +25,7 @@ from textual.widgets import Input, Label, Static
 from textual.worker import Worker, WorkerState
 
 from sparkconsole.errors import UserError
+from sparkconsole.logs.follow import display_lines, display_text
 from sparkconsole.planner.calibrate import Calibration, Logged, calibrate, read_log, summary_lines
 from sparkconsole.planner.plan import PlanOptions
 from sparkconsole.planner.spec import load_spec
@@ -78,8 +80,9 @@ class CalibrationScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         lg = self.logged
         with Vertical(id="cal-box"):
-            yield Label(f"Calibration · {self.node} · {lg.model or 'model not logged yet'} · "
-                        f"vLLM {lg.vllm_version or '?'}", id="cal-title")
+            # the model and the version are read from the node's log: plain Text, cleaned, never markup
+            yield Label(Text(display_text(f"Calibration · {self.node} · {lg.model or 'model not logged yet'} · "
+                                          f"vLLM {lg.vllm_version or '?'}")), id="cal-title")
             yield Static("reading the model's config…", id="cal-body")
             with Horizontal(id="cal-fields"):
                 for fid, key, _kind in _FIELDS:
@@ -137,12 +140,12 @@ class CalibrationScreen(ModalScreen[None]):
         lines = summary_lines(cal)
         lines += [f"- {x}" for x in final.reasons[1:]]
         body = self.query_one("#cal-body", Static)
-        body.update("\n".join(lines))
+        body.update(Text(display_lines("\n".join(lines))))  # they quote the log's model and figures
         body.set_class(not final.fits, "-no-fit")
 
     def _show_error(self, text: str) -> None:
         self.error = text.splitlines()[0] if text else "error"
-        self.query_one("#cal-body", Static).update(f"✗ {self.error}")
+        self.query_one("#cal-body", Static).update(Text(display_text(f"✗ {self.error}")))
 
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:

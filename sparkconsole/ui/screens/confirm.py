@@ -20,6 +20,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from sparkconsole.logs.follow import display_lines, display_text
 from sparkconsole.remote import RemoteCommand
 
 
@@ -91,10 +92,12 @@ class ConfirmScreen(ModalScreen[bool]):
         id: str | None = None,
     ) -> None:
         super().__init__(name=name, id=id)
-        self.node = node
-        self.service = service
+        # what the dialog shows, cleaned: a service's name comes from the node (docker ps, systemctl)
+        # and the command quotes it; ``command`` itself is what runs and stays as it is
+        self.node = display_text(node)
+        self.service = display_text(service)
         self.command = command
-        self.command_text = command.shell() if isinstance(command, RemoteCommand) else str(command)
+        self.command_text = display_lines(command.shell() if isinstance(command, RemoteCommand) else str(command))
         self.action = action or _action_of(command)
         self.note = note
 

@@ -8,6 +8,10 @@ wizard recommends"; experimental options are marked as such. Arrows (or ``j``/``
 number keys move the highlight, Enter answers: a number never answers on its own, so a stray key
 cannot start something. Where the decision allows a value outside the list (an image the
 operator names), ``e`` opens a field; what is typed there is checked by the decision itself.
+
+A decision quotes the nodes (what was measured, the containers an option would stop, the images
+found): everything shown goes through :func:`~sparkconsole.ui.render.node_str` into plain Text;
+the option values the screen answers with stay exactly as the flow gave them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from textual.widgets import Input, Static
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.errors import UserError
 from sparkconsole.ui.keymap import DECISION_BINDINGS
+from sparkconsole.ui.render import node_str
 
 
 def ordered_options(decision: Decision) -> list[Option]:
@@ -48,7 +53,8 @@ def _same(value: str, label: str) -> bool:
 
 def free_text_placeholder(decision: Decision) -> str:
     """What the free-text field asks for, with the recommendation as the example of its form."""
-    example = decision.recommended if len(decision.recommended) <= 50 else decision.recommended[:49] + "…"
+    shown = node_str(decision.recommended)
+    example = shown if len(shown) <= 50 else shown[:49] + "…"
     return f"another value (like {example}), Enter to answer" if example else "another value, Enter to answer"
 
 
@@ -69,8 +75,8 @@ class DecisionScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         d = self.decision
         with Vertical(id="decision-box"):
-            title = Text(d.title, style="bold")
-            title.append(f"   {d.id}", style="dim")
+            title = Text(node_str(d.title), style="bold")
+            title.append(f"   {node_str(d.id)}", style="dim")
             yield Static(title, id="decision-title")
             with VerticalScroll(id="decision-scroll"):
                 yield Static(self._measured(), id="decision-measured")
@@ -99,7 +105,7 @@ class DecisionScreen(ModalScreen[str | None]):
         lines = [m for m in self.decision.measured if m]
         if not lines:
             parts.append(indented(Text("(nothing to measure for this one)", style="dim")))
-        parts += [indented(Text(line)) for line in lines]
+        parts += [indented(Text(node_str(line, lines=True))) for line in lines]
         parts.append(Text(""))
         return Group(*parts)
 
@@ -109,9 +115,9 @@ class DecisionScreen(ModalScreen[str | None]):
         chosen = i == self.index
         mark = Text("▸ " if chosen else "  ", style="bold cyan")
         mark.append(f"{i + 1}" if i < 9 else " ", style="dim")
-        row = Text(opt.label, style="bold" if chosen else "")
+        row = Text(node_str(opt.label), style="bold" if chosen else "")
         if opt.value != opt.label and not _same(opt.value, opt.label):
-            row.append(f"  [{opt.value}]", style="dim")
+            row.append(f"  [{node_str(opt.value)}]", style="dim")
         if opt.value == d.recommended:
             row.append("  ★ recommended", style="bold green")
         if opt.experimental:
@@ -133,11 +139,12 @@ class DecisionScreen(ModalScreen[str | None]):
         opt = self.options[self.index] if self.options else None
         why: list[RenderableType] = [Text("Why", style="bold")]
         if opt is not None and opt.why:
-            why.append(indented(Text(opt.why)))
+            why.append(indented(Text(node_str(opt.why, lines=True))))
         if opt is not None and opt.value == d.recommended and d.why:
-            why.append(indented(Text(f"Recommended: {d.why}", style="green")))
+            why.append(indented(Text(f"Recommended: {node_str(d.why, lines=True)}", style="green")))
         elif d.why:
-            why.append(indented(Text(f"The wizard recommends {d.recommended}: {d.why}", style="dim")))
+            why.append(indented(Text(f"The wizard recommends {node_str(d.recommended)}: {node_str(d.why, lines=True)}",
+                                     style="dim")))
         self.query_one("#decision-why", Static).update(Group(*why))
 
     # ---- keys ----------------------------------------------------------------------------------
@@ -186,7 +193,7 @@ class DecisionScreen(ModalScreen[str | None]):
             self.decision.check(value)
         except UserError as exc:
             error = self.query_one("#decision-error", Static)
-            error.update(Text(exc.message, style="bold red"))
+            error.update(Text(node_str(exc.message, lines=True), style="bold red"))
             error.display = True
             return
         self.dismiss(value)

@@ -46,6 +46,7 @@ from sparkconsole.logs.follow import (
     Reattached,
     StreamDropped,
     compile_pattern,
+    display_lines,
     display_text,
 )
 from sparkconsole.logs.vllm import VllmLogReport, VllmLogTracker
@@ -267,7 +268,8 @@ class LogScreen(Screen[None]):
     # ---- layout -----------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Static(Text.assemble((self.node, "bold cyan"), " · ", (self.log_title, "bold")), id="log-title")
+        yield Static(Text.assemble((self.node, "bold cyan"), " · ", (display_text(self.log_title), "bold")),
+                     id="log-title")  # the title names the node's service: its words, cleaned
         if self.tracker is not None:
             yield VllmPanel(id="vllm-panel")
         yield Static(id="log-banner")
@@ -362,7 +364,8 @@ class LogScreen(Screen[None]):
             if isinstance(event, StreamDropped):
                 self.stream_state = "dropped"
                 self.drops += 1
-                self._banner(f"⚠ stream lost — re-attaching in {event.retry_in:g}s ({event.reason})", "-dropped")
+                self._banner(f"⚠ stream lost — re-attaching in {event.retry_in:g}s "
+                             f"({display_lines(event.reason, ' ')})", "-dropped")  # the reason may quote the node
             elif isinstance(event, Reattached):
                 self.stream_state = "live"
                 self._banner("✓ re-attached — following again", "-back", hide_after=3.0)
@@ -372,7 +375,7 @@ class LogScreen(Screen[None]):
 
     def _banner(self, text: str, cls: str, hide_after: float | None = None) -> None:
         banner = self.query_one("#log-banner", Static)
-        banner.update(text)
+        banner.update(Text(text))  # plain: the text may quote the node, and a str would be markup
         banner.set_class(cls == "-dropped", "-dropped")
         banner.set_class(cls == "-back", "-back")
         if self._banner_timer is not None:
@@ -466,7 +469,8 @@ class LogScreen(Screen[None]):
         if self.pattern:
             n = self._filter_count() if self.filter_on else None
             parts.append(f"{'filter' if self.filter_on else 'search'}: {self.pattern!r}" + (f" ({n})" if n is not None else ""))
-        self.query_one("#log-status", Static).update(" · ".join(parts))
+        # plain Text: the search pattern is typed by the operator, and "[/x]" as markup ended the app
+        self.query_one("#log-status", Static).update(Text(" · ".join(parts)))
 
     def _filter_count(self) -> int:
         """Matching lines shown by the filter, markers not counted; from the view's rows kept line

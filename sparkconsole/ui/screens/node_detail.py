@@ -14,7 +14,7 @@ from sparkconsole.probe.state import NodeState
 from sparkconsole.services import Service, services_from_containers
 from sparkconsole.ui.keymap import DETAIL_BINDINGS
 from sparkconsole.ui.messages import ActionFinished, OpenLogs, ServiceActionRequested
-from sparkconsole.ui.render import DASH, fmt, gib, thin_scrollbars
+from sparkconsole.ui.render import DASH, fmt, gib, node_str, node_text, thin_scrollbars
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import card_renderable
 
@@ -26,7 +26,13 @@ def _cpu(value: float | None) -> str:
 def sync_table(table: DataTable, rows: list[tuple[str, tuple]]) -> None:
     """Show ``rows`` (key, cells) in ``table`` without clearing it when it need not be: the same
     keys in the same order update the cells that changed, so the cursor and the scroll stay. When
-    the rows themselves change, the table is rebuilt and the cursor goes back to its row's key."""
+    the rows themselves change, the table is rebuilt and the cursor goes back to its row's key.
+
+    Every ``str`` cell becomes plain Text here, the one way into the node's tables: a DataTable
+    parses a ``str`` cell as markup, and the cells are the node's words (a process named
+    ``in [/root/.cache/x]`` raised MarkupError and ended the app; one holding ESC reached the
+    terminal)."""
+    rows = [(key, tuple(node_text(c) if isinstance(c, str) else c for c in cells)) for key, cells in rows]
     current = [row_key.value for row_key in table.rows]
     if current == [key for key, _ in rows]:
         for r, (_, cells) in enumerate(rows):
@@ -134,7 +140,7 @@ class NodeDetailScreen(LiveScreen):
         ]
         for key, value in rows:
             text.append(f"{key:<9}", style="dim")
-            text.append(f"{value}\n")
+            text.append(f"{node_str(value)}\n")
         if sample.unknown:
             text.append("\nnot read\n", style="bold")
             said: set[str] = set()
@@ -142,14 +148,14 @@ class NodeDetailScreen(LiveScreen):
                 if reason in said:  # the table and the query often give the same reason
                     continue
                 said.add(reason)
-                text.append(f"{key}: ", style="dim")
-                text.append(f"{reason}\n")
+                text.append(f"{node_str(key)}: ", style="dim")
+                text.append(f"{node_str(reason)}\n")
         return text
 
     def _fill_links(self, sample: NodeSample | None) -> None:
         rows = []
         for link in sample.links if sample else ():
-            state = Text(link.state or DASH, style="green" if link.state == "up" else "red")
+            state = node_text(link.state or DASH, "green" if link.state == "up" else "red")
             rows.append((f"{link.rdma_device}:{link.port}", (
                 link.rdma_device, fmt(link.port), link.netdev or DASH, state, fmt(link.rate_gbps, " Gb/s"),
                 ", ".join(link.ipv4) or DASH, fmt(link.mtu),
@@ -171,7 +177,7 @@ class NodeDetailScreen(LiveScreen):
                      "failed": "red"}.get(svc.state or "", "")
             c = stats.get(svc.name) if svc.kind == "container" else None
             rows.append((f"{svc.kind}:{svc.name}", (
-                svc.name, svc.kind, svc.image or DASH, Text(svc.state or DASH, style=style),
+                svc.name, svc.kind, svc.image or DASH, node_text(svc.state or DASH, style),
                 svc.detail or svc.reason or DASH, _cpu(c.cpu_pct if c else None),
                 DASH if c is None or c.mem_used_bytes is None else f"{gib(c.mem_used_bytes)} GiB")))
         sync_table(self.query_one("#containers-table", DataTable), rows)

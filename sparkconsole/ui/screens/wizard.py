@@ -31,6 +31,7 @@ nothing that changes a node is sent). On the demo cluster the runner's clock spe
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ from sparkconsole.deploy.events import (
 from sparkconsole.deploy.flow import Options
 from sparkconsole.deploy.state import DeploymentState
 from sparkconsole.deploy.steps import STEP_IDS, STEPS
-from sparkconsole.logs.follow import display_text
+from sparkconsole.logs.follow import display_fields, display_lines, display_text
 from sparkconsole.remote import RemoteCommand
 from sparkconsole.ui.keymap import WIZARD_BINDINGS
 from sparkconsole.ui.messages import DeploymentRequested, OpenLogs
@@ -143,7 +144,13 @@ class StepView:
 
 @dataclass
 class WizardRun:
-    """Everything the events said so far: the screen draws only from this."""
+    """Everything the events said so far: the screen draws only from this.
+
+    Node text is data: the events carry the nodes' own words (engine log lines, a failed
+    command's stderr, recon's notes, an error) and :meth:`apply`, the one way events come in,
+    keeps them cleaned (:func:`~sparkconsole.logs.follow.display_fields`: no escape sequence,
+    no control character); every widget here then shows them as plain Text or in a ``Log``,
+    never as markup."""
 
     steps: dict[str, StepView] = field(default_factory=lambda: {s: StepView() for s in LIST_STEPS})
     progress: dict[tuple[str, str], ProgressEvent] = field(default_factory=dict)  # (node, label)
@@ -154,7 +161,9 @@ class WizardRun:
     def view(self, step: str) -> StepView:
         return self.steps.setdefault(step, StepView())
 
-    def apply(self, e: Event) -> None:
+    def apply(self, e: Event) -> Event:
+        """Fold one event in; returns it as kept (cleaned), for the caller to draw from."""
+        e = display_fields(e)
         if isinstance(e, StepEvent):
             v = self.view(e.step)
             v.state, v.note = e.state, e.note
@@ -175,7 +184,7 @@ class WizardRun:
             v = self.view(step if step in self.steps else self.current or step)
             if e.answer is None:
                 v.state = "waiting"  # asked: the answer comes in a second event with the same id
-                return
+                return e
             v.decisions = [d for d in v.decisions if d.id != e.id] + [e]
         elif isinstance(e, ProgressEvent):
             self.progress[(e.node, e.label)] = e
@@ -183,9 +192,13 @@ class WizardRun:
             self.output.append((e.node, e.text))
         elif isinstance(e, ResultEvent):
             self.result = e
+        return e
 
-    def plan(self, step: str, commands: list[tuple[str, str, bool]]) -> None:
-        self.view(step).planned = list(commands)
+    def plan(self, step: str, commands: list[tuple[str, str, bool, str]]) -> None:
+        """A step's planned commands, cleaned for the screen like the events (a command can hold
+        a node's words: a container's or a unit's name)."""
+        self.view(step).planned = [(display_text(node), display_lines(cmd), mutating, display_lines(summary))
+                                   for node, cmd, mutating, summary in commands]
 
 
 def _first_line(text: str, limit: int = 160) -> str:
@@ -314,6 +327,8 @@ class StepConfirmScreen(ConfirmScreen):
     commands scrolled when there are many, and the node panels still moving underneath."""
 
     def __init__(self, step: str, commands: Sequence[tuple[str, str]], *, note: str) -> None:
+        # shown, not run (the runner sends its own RemoteCommands): cleaned, a node's words in them
+        commands = [(display_text(n), display_lines(c)) for n, c in commands]
         nodes = ", ".join(dict.fromkeys(n for n, _ in commands))
         count = f"{len(commands)} command{'s' if len(commands) != 1 else ''}"
         super().__init__(nodes, f"the {step} step's {count}", "\n".join(f"{n} $ {c}" for n, c in commands),
@@ -338,8 +353,13 @@ class StepConfirmScreen(ConfirmScreen):
 
 
 def _progress_id(node: str, label: str) -> str:
-    safe = "".join(ch if ch.isalnum() else "-" for ch in f"{node}-{label}")
-    return f"progress-{safe}"
+    """The widget id of one (node, label) bar. Textual takes only ASCII letters, digits, ``-`` and
+    ``_`` (``str.isalnum`` let an "é" through: BadIdentifier ended the app), and no two bars may
+    share one (the readable part alone makes "a-b"/"c" and "a"/"b-c" the same): a digest of the
+    key tells them apart."""
+    safe = "".join(ch if ch.isascii() and ch.isalnum() else "-" for ch in f"{node}-{label}")
+    digest = hashlib.blake2s(f"{node}\0{label}".encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return f"progress-{safe}-{digest}"
 
 
 # ---- the screen ---------------------------------------------------------------------------------
@@ -517,7 +537,7 @@ class WizardScreen(LiveScreen):
             bar.update(total=None)
         else:
             bar.update(total=100, progress=round(max(0.0, min(1.0, e.fraction)) * 100, 1))
-        detail.update(Text(display_text(e.detail)))  # a node's progress line: plain text, never markup
+        detail.update(Text(display_lines(e.detail, " ")))  # a node's progress line, on one line: plain, never markup
 
     def _finish_bars(self, step: str) -> None:
         """A finished step's bars read 100 % (its last report may have come before the end: the
@@ -533,8 +553,7 @@ class WizardScreen(LiveScreen):
     # ---- events from the runner --------------------------------------------------------------
 
     def on_wizard_event(self, message: WizardEvent) -> None:
-        e = message.event
-        self.run.apply(e)
+        e = self.run.apply(message.event)  # cleaned: what follows draws node text from this only
         if isinstance(e, StepEvent) and e.state == "running":
             self.shown = None  # follow the run to its new step
         if isinstance(e, StepEvent) and e.state in ("done", "skipped"):
@@ -545,7 +564,7 @@ class WizardScreen(LiveScreen):
         if isinstance(e, OutputEvent):
             log = self.query_one("#wizard-output", Log)
             log.display = True
-            log.write_line(f"{e.node}  {e.text}")
+            log.write_line(f"{e.node}  {e.text}")  # a Log: plain text, never markup; e is cleaned
             return
         if isinstance(e, ResultEvent):
             self.sc.add_event("info" if e.ok else "warning",
@@ -559,11 +578,11 @@ class WizardScreen(LiveScreen):
 
     def on_wizard_run_state(self, message: WizardRunState) -> None:
         self.running = message.running
-        self.error = message.error
+        self.error = display_lines(message.error)  # an exception's text: it may quote a node
         if message.error and self.run.current:
             v = self.run.view(self.run.current)
             if v.state in ("running", "waiting"):
-                v.state, v.note = "failed", message.error
+                v.state, v.note = "failed", self.error
         self._draw_run()
 
     def feed(self, events: Sequence[Event]) -> None:

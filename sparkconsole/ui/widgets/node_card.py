@@ -12,7 +12,7 @@ from textual.message import Message
 from sparkconsole.probe.alerts import Alert
 from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState, NodeStatus
-from sparkconsole.ui.render import DASH, fmt, gib, memory_bar, memory_legend, sparkline
+from sparkconsole.ui.render import DASH, fmt, gib, memory_bar, memory_legend, node_str, node_text, sparkline
 from sparkconsole.ui.widgets.lines import RenderedLines
 
 STATUS_STYLE = {
@@ -51,7 +51,7 @@ def status_line(state: NodeState, role: str, now: float) -> Text:
     text.append(state.status.value, style=style)
     text.append(f" · {age_text(state, now)}", style="dim")
     if state.status is not NodeStatus.UP:
-        text.append(f"\n  {state.reason}", style=style)
+        text.append(f"\n  {node_str(state.reason)}", style=style)
     return text
 
 
@@ -78,7 +78,7 @@ def links_line(sample: NodeSample) -> Text:
     text = Text("ConnectX-7  ", style="bold")
     if not sample.links:
         reason = sample.unknown.get("links", "no ConnectX-7 seen")
-        text.append(f"{DASH} ({reason})", style="dim")
+        text.append(f"{DASH} ({node_str(reason)})", style="dim")
         return text
     up = [link for link in sample.links if link.state == "up"]
     style = "green" if up else "red"
@@ -86,7 +86,7 @@ def links_line(sample: NodeSample) -> Text:
     lead = up[0] if up else None
     if lead is not None:
         rate = fmt(lead.rate_gbps, " Gb/s")
-        ip = lead.ipv4[0] if lead.ipv4 else DASH
+        ip = node_str(lead.ipv4[0]) if lead.ipv4 else DASH
         mtu = fmt(lead.mtu)
         text.append(f" · {rate} · {ip} · MTU {mtu}")
     return text
@@ -95,14 +95,14 @@ def links_line(sample: NodeSample) -> Text:
 def containers_line(sample: NodeSample) -> Text:
     text = Text("Containers  ", style="bold")
     if "docker-ps" in sample.unknown and not sample.containers:
-        text.append(f"{DASH} ({sample.unknown['docker-ps']})", style="dim")
+        text.append(f"{DASH} ({node_str(sample.unknown['docker-ps'])})", style="dim")
         return text
     running = [c for c in sample.containers if c.state == "running"]
     text.append(f"{len(running)} running / {len(sample.containers)}")
     sized = [c for c in sample.containers if c.mem_used_bytes is not None]
     if sized:
         big = max(sized, key=lambda c: c.mem_used_bytes or 0)
-        text.append(f" · biggest {big.name} {gib(big.mem_used_bytes)} GiB", style="dim")
+        text.append(f" · biggest {node_str(big.name)} {gib(big.mem_used_bytes)} GiB", style="dim")
     return text
 
 
@@ -118,7 +118,9 @@ def containers_table(sample: NodeSample) -> Table:
     for c in ordered[:TOP_CONTAINERS]:
         colour = {"running": "green", "restarting": "dark_orange", "exited": "dim"}.get(c.state or "", "yellow")
         mem = DASH if c.mem_used_bytes is None else f"{gib(c.mem_used_bytes)} GiB"
-        table.add_row(Text("●", style=colour), c.name or DASH, c.image or DASH, c.status or DASH, mem)
+        # Text cells: a plain str in a Rich Table is parsed as markup, and these are the node's words
+        table.add_row(Text("●", style=colour), node_text(c.name or DASH), node_text(c.image or DASH),
+                      node_text(c.status or DASH), mem)
     if len(ordered) > TOP_CONTAINERS:
         table.add_row("", Text(f"… {len(ordered) - TOP_CONTAINERS} more (Enter for all)", style="dim"), "", "", "")
     return table
@@ -127,14 +129,14 @@ def containers_table(sample: NodeSample) -> Table:
 def gpu_processes_line(sample: NodeSample) -> Text:
     text = Text("GPU processes  ", style="bold")
     if "gpu_processes" in sample.unknown and not sample.gpu_processes:
-        text.append(f"{DASH} ({sample.unknown['gpu_processes']})", style="dim")
+        text.append(f"{DASH} ({node_str(sample.unknown['gpu_processes'])})", style="dim")
         return text
     if not sample.gpu_processes:
         text.append("none", style="dim")
         return text
     groups: dict[str, list[float | None]] = {}
     for p in sorted(sample.gpu_processes, key=lambda p: -(p.memory_mib or 0)):
-        groups.setdefault(p.name or f"pid {p.pid}", []).append(p.memory_mib)
+        groups.setdefault(node_str(p.name) or f"pid {p.pid}", []).append(p.memory_mib)
     parts = []
     for name, sizes in groups.items():
         gibs = " + ".join(fmt(m / 1024 if m is not None else None, "", 1) for m in sizes)
@@ -164,10 +166,11 @@ def card_renderable(state: NodeState, role: str, now: float, alerts: list[Alert]
     gpu = sample.gpus[0] if sample.gpus else None
     head = Text("GPU  ", style="bold")
     if gpu is None:
-        head.append(f"{DASH} ({sample.unknown.get('gpu', 'not read')})", style="dim")
+        head.append(f"{DASH} ({node_str(sample.unknown.get('gpu', 'not read'))})", style="dim")
     else:
-        head.append(gpu.name or DASH)
-        head.append(f" · driver {sample.driver_version or DASH} · CUDA {sample.cuda_version or DASH}", style="dim")
+        head.append(node_str(gpu.name) or DASH)
+        head.append(f" · driver {node_str(sample.driver_version) or DASH} · CUDA {node_str(sample.cuda_version) or DASH}",
+                    style="dim")
     parts += [Text(""), head, gpu_block(state, sample, width), Text("")]
     mem = sample.memory
     mem_head = Text("Unified memory  ", style="bold")
@@ -228,7 +231,9 @@ class NodeCard(RenderedLines, can_focus=True):
         reasons = dict(state.sample.unknown) if state.sample else {}
         if state.status is not NodeStatus.UP:
             reasons = {"status": state.reason, **reasons}
-        self.tooltip = "\n".join(f"{k}: {v}" for k, v in reasons.items()) or None
+        # Text, not str: a str tooltip is parsed as markup, and the reasons are the node's words
+        tip = "\n".join(f"{k}: {node_str(v)}" for k, v in reasons.items())
+        self.tooltip = Text(tip) if tip else None
         self.border_subtitle = state.status.value
 
     def plain_text(self, width: int = CARD_WIDTH) -> str:

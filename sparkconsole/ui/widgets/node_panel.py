@@ -15,7 +15,7 @@ from textual.widgets import Static
 
 from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState, NodeStatus
-from sparkconsole.ui.render import DASH, MEMORY_COLOURS, fmt, gib, memory_bar
+from sparkconsole.ui.render import DASH, MEMORY_COLOURS, fmt, gib, memory_bar, node_str, node_text
 from sparkconsole.ui.widgets.node_card import STATUS_STYLE
 
 DEFAULT_WIDTH = 36
@@ -38,7 +38,7 @@ def compact_legend(sample: NodeSample) -> Text:
 def link_text(sample: NodeSample) -> Text:
     text = Text("link ", style="bold")
     if not sample.links:
-        text.append(f"{DASH} ({sample.unknown.get('links', 'none seen')})", style="dim")
+        text.append(f"{DASH} ({node_str(sample.unknown.get('links', 'none seen'))})", style="dim")
         return text
     up = [lk for lk in sample.links if lk.state == "up"]
     if up:
@@ -52,11 +52,11 @@ def link_text(sample: NodeSample) -> Text:
 def containers_text(sample: NodeSample) -> Text:
     text = Text("containers ", style="bold")
     if "docker-ps" in sample.unknown and not sample.containers:
-        text.append(f"{DASH} ({sample.unknown['docker-ps']})", style="dim")
+        text.append(f"{DASH} ({node_str(sample.unknown['docker-ps'])})", style="dim")
         return text
     running = [c for c in sample.containers if c.state == "running"]
     text.append(f"{len(running)} running")
-    names = [c.name for c in sorted(running, key=lambda c: -(c.mem_used_bytes or 0)) if c.name]
+    names = [node_str(c.name) for c in sorted(running, key=lambda c: -(c.mem_used_bytes or 0)) if c.name]
     if names:
         text.append(": " + ", ".join(names), style="dim")
     return text
@@ -83,7 +83,7 @@ def panel_renderable(state: NodeState, role: str, width: int) -> Group:
     parts = [head, used, memory_bar(mem, max(8, width)), compact_legend(sample), link_text(sample),
              containers_text(sample)]
     if state.status is not NodeStatus.UP:
-        parts.append(Text(state.reason, style=style))
+        parts.append(node_text(state.reason, style))
     for text in parts:
         if isinstance(text, Text):
             text.overflow = "ellipsis"
