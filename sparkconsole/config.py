@@ -37,7 +37,7 @@ from typing import Any, Literal
 from platformdirs import user_config_path, user_state_path
 
 from sparkconsole.errors import ConfigError
-from sparkconsole.remote import validate_host, validate_ifname, validate_unit
+from sparkconsole.remote import is_ipv6, validate_host, validate_ifname, validate_unit
 
 APP_NAME = "sparkconsole"
 ENV_CONFIG = "SPARKCONSOLE_CONFIG"
@@ -135,6 +135,38 @@ def _where(path: str, text: str, key: str, index: int | None = None) -> str:
     return f"{path}:{header_line}" if header_line else path
 
 
+def split_host_spec(spec: str) -> tuple[str | None, str, int | None]:
+    """``[USER@]HOST[:PORT]`` as ssh users write it: ``(user, host, port)``.
+
+    An IPv6 HOST is written bare (``::1``, ``fe80::1%enp1s0``: then there is no port, every colon
+    belongs to the address) or in brackets, with or without a port (``[2001:db8::1]:2222``,
+    ``user@[::1]:2200``), as OpenSSH's own ``[host]:port`` form. Before, every colon but one was
+    refused and the address with it. Raises ConfigError naming the spec."""
+    user, at, rest = spec.rpartition("@")
+    if at and not user:
+        raise ConfigError(f"{spec}: nothing before '@' (USER@HOST)")
+    port_s: str | None = None
+    if rest.startswith("["):
+        host, closed, tail = rest[1:].partition("]")
+        if not closed or (tail and not tail.startswith(":")):
+            raise ConfigError(f"{spec}: a bracketed host is written [HOST] or [HOST]:PORT")
+        port_s = tail[1:] if tail else None
+    elif rest.count(":") == 1:
+        host, port_s = rest.split(":")
+    else:
+        host = rest  # a name, an IPv4 address, or a bare IPv6 one (no port: its colons are its own)
+    port = None
+    if port_s is not None:
+        if not port_s.isdigit() or not 0 < int(port_s) < 65536:
+            raise ConfigError(f"{spec}: port must be a number 1-65535")
+        port = int(port_s)
+    try:
+        validate_host(host)
+    except Exception as exc:
+        raise ConfigError(f"{spec}: {exc}") from None
+    return (user or None), host, port
+
+
 def _opt_str(raw: Mapping[str, Any], key: str, where: str) -> str | None:
     value = raw.get(key)
     if value is None:
@@ -168,6 +200,8 @@ def parse_config(text: str, source: str = "<config>") -> ClusterConfig:
         name = raw.get("name") or raw.get("host")
         where = _where(source, text, "name", i)
         if not isinstance(name, str) or not _NAME.match(name):
+            if "name" not in raw and isinstance(name, str) and (is_ipv6(name) or name.startswith("[")):
+                raise ConfigError(f"{where}: key 'name' missing: an IPv6 host needs a name for the node")
             raise ConfigError(f"{where}: key 'name' must be a short name (letters, digits, '-', '_', '.')")
         if name in seen:
             raise ConfigError(f"{where}: key 'name': node {name!r} is listed twice")
@@ -176,6 +210,12 @@ def parse_config(text: str, source: str = "<config>") -> ClusterConfig:
         where = _where(source, text, "host", i)
         if not isinstance(host, str):
             raise ConfigError(f"{where}: key 'host' must be a string")
+        spec_port = None
+        if host.startswith("["):  # [v6] or [v6]:port, as ssh users write it
+            try:
+                _, host, spec_port = split_host_spec(host)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: key 'host': {exc.message}") from None
         try:
             validate_host(host)
         except Exception as exc:
@@ -183,6 +223,10 @@ def parse_config(text: str, source: str = "<config>") -> ClusterConfig:
         port = raw.get("port")
         if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
             raise ConfigError(f"{_where(source, text, 'port', i)}: key 'port' must be a number 1-65535")
+        if spec_port is not None:
+            if port is not None and port != spec_port:
+                raise ConfigError(f"{where}: key 'host' says port {spec_port}, key 'port' says {port}")
+            port = spec_port
         role = raw.get("role", "head" if i == 0 else "worker")
         if role not in ("head", "worker"):
             raise ConfigError(f"{_where(source, text, 'role', i)}: key 'role' must be \"head\" or \"worker\"")
@@ -247,23 +291,14 @@ def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
 
 
 def adhoc_cluster(hosts: list[str], read_only: bool = False) -> ClusterConfig:
-    """``--host A --host B``: the first is the head. ``user@host:port`` is accepted."""
+    """``--host A --host B``: the first is the head. ``user@host:port`` is accepted, and IPv6
+    addresses bare or bracketed (``::1``, ``user@[fe80::1%enp1s0]:2200``: :func:`split_host_spec`)."""
     nodes = []
     for i, spec in enumerate(hosts):
-        user = None
-        port = None
-        host = spec
-        if "@" in host:
-            user, host = host.split("@", 1)
-        if host.count(":") == 1:
-            host, port_s = host.split(":")
-            if not port_s.isdigit() or not 0 < int(port_s) < 65536:
-                raise ConfigError(f"--host {spec}: port must be a number 1-65535")
-            port = int(port_s)
         try:
-            validate_host(host)
-        except Exception as exc:
-            raise ConfigError(f"--host {spec}: {exc}") from None
+            user, host, port = split_host_spec(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"--host {exc.message}") from None
         nodes.append(NodeConfig(name=host, host=host, user=user, port=port, role="head" if i == 0 else "worker"))
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):

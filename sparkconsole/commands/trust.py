@@ -6,6 +6,13 @@ key type and SHA256 fingerprint (compare it with ``ssh-keygen -lf /etc/ssh/ssh_h
 run on the node itself), then asks. A key already recorded is reported and left alone; a
 DIFFERENT key already recorded is refused loudly and never overwritten.
 
+The key is fetched over the route the connection itself takes (issue 23 item 12), by the
+transport's own dialling (:meth:`~sparkconsole.transport.ssh.SshTransport.offered_host_key`): the
+ssh config's ProxyJump and ProxyCommand, or ``--jump`` (the inventory's ``jump``), each jump host's
+key verified as always; and it is recorded under the name the transport checks (the config's
+``HostKeyAlias``, else HostName and Port) in the file it checks. Fetched directly from HostName, a
+node behind a jump host gave the jump host's key, another machine's, or none.
+
 Exit codes: 0 recorded or already trusted, 1 refused (declined, no answer, changed key),
 3 the host could not be reached.
 """
@@ -17,19 +24,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-import asyncssh
-
+from sparkconsole.config import NodeConfig
 from sparkconsole.errors import UserError
 from sparkconsole.remote import validate_host
-from sparkconsole.transport.hostkeys import (
-    DEFAULT_PORT,
-    add_known_host,
-    default_known_hosts,
-    describe,
-    fetch_host_key,
-    key_status,
-    known_host_name,
-)
+from sparkconsole.transport.hostkeys import add_known_host, key_status
+from sparkconsole.transport.ssh import OfferedKey, SshTransport
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:
@@ -43,31 +42,28 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     p.add_argument("host", metavar="HOST", help="address, name, or an alias of your ssh config")
     p.add_argument("--port", type=int, default=None, help="SSH port (default: from the ssh config, else 22)")
     p.add_argument("--known-hosts", metavar="FILE", default=None,
-                   help="the known_hosts file to check and write (default: ~/.ssh/known_hosts)")
+                   help="the known_hosts file to check and write (default: the one the connection checks: "
+                   "the ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts)")
     p.add_argument("--ssh-config", metavar="FILE", default=None,
                    help="resolve HOST through this ssh config (default: ~/.ssh/config if present)")
+    p.add_argument("--jump", metavar="[USER@]HOST[:PORT]", default=None,
+                   help="reach HOST through this jump host, as the inventory's `jump` does (comma-separated "
+                   "for a chain; its key is checked in the same known_hosts); a ProxyJump or ProxyCommand in "
+                   "the ssh config is taken without it")
+    p.add_argument("--identity", metavar="FILE", default=None,
+                   help="the private key that logs in to the jump host (default: the ssh config's, the agent's)")
     p.add_argument("--yes", action="store_true", help="record the key without asking")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server (default 10)")
     p.set_defaults(func=run)
 
 
-def _resolve(host: str, port: int | None, ssh_config: str | None) -> tuple[str, int]:
-    """HostName and Port the way the transport will see them (the names known_hosts must hold)."""
-    if ssh_config:
-        paths = [str(Path(ssh_config).expanduser())]
-        if not Path(paths[0]).is_file():
-            raise UserError(f"{paths[0]}: no such ssh config file")
-    else:
-        default = Path("~/.ssh/config").expanduser()
-        paths = [str(default)] if default.is_file() else []
-    kwargs: dict[str, object] = {"host": host, "config": paths}
-    if port:
-        kwargs["port"] = port
+async def _offered(node: NodeConfig, timeout: float) -> OfferedKey:
+    """The key ``node`` offers over the connection's own route (the transport's dialling)."""
+    t = SshTransport(node, connect_timeout=timeout, auto_reconnect=False)
     try:
-        opts = asyncssh.SSHClientConnectionOptions(**kwargs)
-    except (OSError, ValueError, asyncssh.Error) as exc:
-        raise UserError(f"cannot read the ssh config: {describe(exc)}") from None
-    return opts.host, int(opts.port or DEFAULT_PORT)
+        return await t.offered_host_key()
+    finally:
+        await t.close()
 
 
 def _ask(prompt: str) -> str | None:
@@ -87,12 +83,18 @@ def run(args: argparse.Namespace) -> int:
     if args.port is not None and not 0 < args.port < 65536:
         raise UserError("--port must be a number 1-65535")
     validate_host(args.host)
-    host, port = _resolve(args.host, args.port, args.ssh_config)
-    path = Path(args.known_hosts).expanduser() if args.known_hosts else default_known_hosts()
-    name = known_host_name(host, port)
+    if args.ssh_config and not Path(args.ssh_config).expanduser().is_file():
+        raise UserError(f"{Path(args.ssh_config).expanduser()}: no such ssh config file")
+    node = NodeConfig(name=args.host, host=args.host, port=args.port, jump=args.jump,
+                      known_hosts=str(Path(args.known_hosts).expanduser()) if args.known_hosts else None,
+                      identity=args.identity, ssh_config=args.ssh_config)
+    offered = asyncio.run(_offered(node, args.timeout))
+    key, host, port, name = offered.key, offered.host, offered.port, offered.name
+    path = Path(offered.known_hosts)
 
-    key = asyncio.run(fetch_host_key(host, port, timeout=args.timeout))
     print(f"host:        {name}" + (f"  (alias {args.host})" if args.host != host else ""))
+    if offered.via or offered.address.rpartition(":")[0] != host:
+        print(f"reached:     {offered.address}" + (f" via {offered.via}" if offered.via else ""))
     print(f"key type:    {key.key_type}")
     print(f"fingerprint: {key.fingerprint}")
     print(f"known_hosts: {path}")

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparkconsole.deploy.flow import Flow
+    from sparkconsole.deploy.recon import NodeFacts
 
 
 @dataclass(frozen=True)
@@ -110,3 +115,27 @@ def compare(node: str, hub: list[HubFile], sizes: dict[str, int], broken: list[s
             continue
         v.ok += 1
     return v
+
+
+# ---- the port a peer's ssh dials (the copies: rsync, docker save | ssh, the network step's check) ----
+
+def peer_ssh_port(facts: NodeFacts, dialled: int | None) -> int | None:
+    """The port another node's ssh must dial to reach this node's sshd over the fast link (None:
+    22). Before, the copies always dialled 22, so a node whose sshd listens elsewhere was never
+    reached. The console's own port (``dialled``: the inventory's, else the ssh config's) is the
+    sshd's when recon saw the node listen on it; where it did not, that port is a forward on the
+    way (a NAT, a gateway, the demo's simulator) and the node's own sshd is the one ``ss`` names
+    (root sees the names), else 22. Listeners not read: the console's port is the best evidence."""
+    if not dialled or dialled == 22:
+        return None
+    if not facts.listeners or any(x.port == dialled for x in facts.listeners):
+        return dialled
+    sshd = sorted(x.port for x in facts.listeners if x.process == "sshd")
+    return None if not sshd or 22 in sshd else sshd[0]
+
+
+def peer_port(flow: Flow, node: str) -> int | None:
+    """:func:`peer_ssh_port` of ``node`` in ``flow``: the port its transport dialled (the ssh
+    config's Port counts), else the inventory's."""
+    dialled = getattr(flow.runner.transports.get(node), "target_port", None) or flow.runner.config.node(node).port
+    return peer_ssh_port(flow.fact(node), dialled)

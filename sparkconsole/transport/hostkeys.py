@@ -71,12 +71,18 @@ async def fetch_host_key(
     *,
     tunnel: asyncssh.SSHClientConnection | None = None,
     timeout: float = 10.0,
+    options: asyncssh.SSHClientConnectionOptions | None = None,
 ) -> HostKey:
-    """The host key ``host:port`` offers in its handshake (no authentication is attempted)."""
+    """The host key ``host:port`` offers in its handshake (no authentication is attempted).
+
+    ``options``: the ssh config as the connection resolved it (the transport's, parsed once), so
+    the handshake takes the connection's own route (its ProxyCommand); without them no config is
+    read and ``host`` is dialled directly (or through ``tunnel``)."""
     where = f"{host}:{port or DEFAULT_PORT}"
     try:
         key = await asyncio.wait_for(
-            asyncssh.get_server_host_key(host, port or DEFAULT_PORT, tunnel=tunnel or (), config=[]),
+            asyncssh.get_server_host_key(host, port or DEFAULT_PORT, tunnel=tunnel or (), config=[],
+                                         options=options),
             timeout,
         )
     except TimeoutError:

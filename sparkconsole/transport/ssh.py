@@ -7,6 +7,10 @@
 - The user's OpenSSH client config is honoured through asyncssh's ``config=`` (HostName, User,
   Port, IdentityFile, ProxyJump...): ``NodeConfig.ssh_config`` names the file, else
   ``~/.ssh/config``. ``NodeConfig`` values (user, port, identity, jump) win over the file.
+  The file is parsed once per host, in a worker thread, and the result reused by every connect and
+  retry until the file changes (:func:`parsed_options`): asyncssh runs ``Match exec`` commands
+  while it parses, and parsing on the event loop at every attempt froze the UI for as long as they
+  took (issue 23 item 13).
 - Host keys are ALWAYS verified: against ``NodeConfig.known_hosts``, else the config's
   ``UserKnownHostsFile``, else ``~/.ssh/known_hosts`` (``UserKnownHostsFile none`` does not turn
   checking off: it falls back to the default file; a missing file trusts nothing). An unknown or
@@ -35,10 +39,12 @@ import asyncio
 import contextlib
 import os
 import random
+import shlex
 import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +54,7 @@ from sparkconsole.config import NodeConfig
 from sparkconsole.errors import HostKeyError, TransportError
 from sparkconsole.transport.base import CommandLike, CommandResult, CommandTimeout, command_text
 from sparkconsole.transport.hostkeys import (
+    HostKey,
     default_known_hosts,
     describe,
     fetch_host_key,
@@ -72,6 +79,123 @@ def _kill_script(token: str) -> str:
         '[ -n "$p" ] || break; kill -9 $p 2>/dev/null; n=$((n+$(echo $p | wc -w))); done; '
         f'echo "{_KILLED} $n"'
     )
+
+
+# ---- the ssh config, parsed once ------------------------------------------------------------
+
+_ParseKey = tuple[tuple[tuple[str, int, int, int, int], ...], str, int | None, str | None]
+_PARSED: dict[_ParseKey, asyncssh.SSHClientConnectionOptions] = {}
+_PARSING: dict[tuple[_ParseKey, int], asyncio.Future[asyncssh.SSHClientConnectionOptions]] = {}
+
+
+def _stamp(path: str) -> tuple[str, int, int, int, int]:
+    """What says a config file changed: its inode, size and modification and change times."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path, -1, -1, -1, -1)
+    return (path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _parse(paths: list[str], host: str, port: int | None, user: str | None) -> asyncssh.SSHClientConnectionOptions:
+    kwargs: dict[str, Any] = {"host": host, "config": paths}
+    if port:
+        kwargs["port"] = port
+    if user:
+        kwargs["username"] = user
+    return asyncssh.SSHClientConnectionOptions(**kwargs)
+
+
+async def parsed_options(paths: list[str], host: str, port: int | None = None,
+                         user: str | None = None) -> asyncssh.SSHClientConnectionOptions:
+    """The ssh config's options for ``host`` (as ``port`` and ``user`` ask), parsed once per run.
+
+    The parse runs in a worker thread (``Match exec`` runs its command then) and its result is kept
+    until one of ``paths`` changes (inode, size, mtime, ctime; the files its ``Include`` names are
+    not watched), so a ``Match exec`` is asked once per run, not at every retry. Callers that ask
+    while a parse is under way wait for that one. Pass the result as ``options=`` with
+    ``config=[]`` to asyncssh, which then reads no file again.
+    """
+    key: _ParseKey = (tuple(_stamp(p) for p in paths), host, port, user)
+    hit = _PARSED.get(key)
+    if hit is not None:
+        return hit
+    loop = asyncio.get_running_loop()
+    pending = _PARSING.get((key, id(loop)))
+    if pending is not None:
+        return await asyncio.shield(pending)
+    fut: asyncio.Future[asyncssh.SSHClientConnectionOptions] = loop.create_future()
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody may be waiting
+    _PARSING[(key, id(loop))] = fut
+    try:
+        opts = await asyncio.to_thread(_parse, paths, host, port, user)
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            fut.set_exception(exc)
+        else:
+            fut.cancel()
+        raise
+    finally:
+        _PARSING.pop((key, id(loop)), None)
+    for old in [k for k in _PARSED if k[1:] == key[1:] and k[0] != key[0]]:
+        del _PARSED[old]  # an older version of the file: never asked again
+    _PARSED[key] = opts
+    fut.set_result(opts)
+    return opts
+
+
+def _verified_as(probe: asyncssh.SSHClientConnectionOptions) -> tuple[str, int | None]:
+    """The known_hosts name asyncssh checks a hop's key under: ``HostKeyAlias`` alone, as OpenSSH
+    records it (asyncssh tries ``[alias]:port`` first, then the bare alias), else HostName and Port."""
+    alias = probe.host_key_alias
+    if alias:
+        return str(alias), None
+    return probe.host, probe.port
+
+
+@dataclass(frozen=True)
+class _KeyPlace:
+    """Where a hop's key is checked: its known_hosts name, the files, and the trust line for it."""
+
+    host: str
+    port: int | None
+    files: list[str]
+    trust: str
+
+
+@dataclass
+class _Route:
+    """One target's last hop, ready to dial: asyncssh's arguments, the options they resolve to, the
+    tunnel through the verified jump hosts (None: direct, or the config's ProxyCommand)."""
+
+    kwargs: dict[str, Any]
+    probe: asyncssh.SSHClientConnectionOptions
+    tunnel: asyncssh.SSHClientConnection | None
+    hops: list[asyncssh.SSHClientConnection]
+    via: str | None
+    place: _KeyPlace
+
+    def close(self) -> None:
+        for h in reversed(self.hops):
+            h.close()
+
+
+@dataclass(frozen=True)
+class OfferedKey:
+    """What :meth:`SshTransport.offered_host_key` saw: the key, the known_hosts name it is checked
+    under (``host``, ``port``: None for port 22 and for a HostKeyAlias), the first known_hosts file
+    checked, the address dialled, and the jump or proxy it came through."""
+
+    key: HostKey
+    host: str
+    port: int | None
+    known_hosts: str
+    address: str
+    via: str | None
+
+    @property
+    def name(self) -> str:
+        return known_host_name(self.host, self.port)
 
 
 class _ConnectTimeout(TransportError):
@@ -220,7 +344,8 @@ class SshTransport:
         self._last_exc: TransportError | None = None
         self._conn: asyncssh.SSHClientConnection | None = None
         self._hops: list[asyncssh.SSHClientConnection] = []  # jump connections, nearest first
-        self._where = f"{node.host}:{node.port or 22}"  # host:port of the last dialled target
+        self._where = (f"[{node.host}]" if ":" in node.host else node.host) + f":{node.port or 22}"  # the last target
+        self._target_port: int | None = node.port  # the port dialled last (the ssh config's Port counts)
         self._attempts: list[tuple[float, asyncio.Task[asyncssh.SSHClientConnection]]] = []
         self._outcome: asyncio.Future[asyncssh.SSHClientConnection] | None = None
         self._beside_timer: asyncio.TimerHandle | None = None
@@ -252,6 +377,12 @@ class SshTransport:
         return delay
 
     @property
+    def target_port(self) -> int | None:
+        """The node's SSH port as the last dial resolved it (the inventory's, else the ssh config's
+        Port, else 22); before any dial, the inventory's. Node-to-node copies start from it."""
+        return self._target_port
+
+    @property
     def retry_in(self) -> float:
         """Seconds until the next connection attempt is allowed (0 when allowed now)."""
         return max(0.0, self._retry_at - time.monotonic())
@@ -267,20 +398,25 @@ class SshTransport:
         default = Path("~/.ssh/config").expanduser()
         return [str(default)] if default.is_file() else []
 
+    @staticmethod
+    def _known_hosts_paths(cfg: NodeConfig, opts: asyncssh.SSHClientConnectionOptions) -> list[str]:
+        """The known_hosts files a hop's key is checked against, present or not (the first is where
+        ``sparkconsole trust`` records it)."""
+        if cfg.known_hosts:
+            return [str(Path(cfg.known_hosts).expanduser())]
+        if isinstance(opts.known_hosts, list | tuple) and opts.known_hosts:
+            return [str(Path(str(p)).expanduser()) for p in opts.known_hosts]
+        return [str(default_known_hosts())]
+
     def _known_hosts(self, cfg: NodeConfig, opts: asyncssh.SSHClientConnectionOptions) -> Any:
         """What host keys are checked against. Never "no checking"."""
-        if cfg.known_hosts:
-            paths = [str(Path(cfg.known_hosts).expanduser())]
-        elif isinstance(opts.known_hosts, list | tuple) and opts.known_hosts:
-            paths = [str(Path(str(p)).expanduser()) for p in opts.known_hosts]
-        else:
-            paths = [str(default_known_hosts())]
+        paths = self._known_hosts_paths(cfg, opts)
         existing = [p for p in paths if os.path.isfile(p)]
         if not existing:
             return asyncssh.import_known_hosts("")  # trusts nothing: every key is unknown
         return existing
 
-    def _options(
+    async def _options(
         self,
         cfg: NodeConfig,
         host: str,
@@ -292,11 +428,18 @@ class SshTransport:
         """asyncssh keyword arguments for one hop, and the options they resolve to.
 
         ``identity`` always wins over the config file; ``fallback_identity`` is used only when
-        the config names no IdentityFile for that host.
+        the config names no IdentityFile for that host. The config is the one parsed once
+        (:func:`parsed_options`): the keyword arguments carry it as ``options=`` and no path, so
+        asyncssh does not read the file again.
         """
+        try:
+            probe = await parsed_options(self._config_paths(cfg), host, port, user)
+        except (OSError, ValueError, asyncssh.Error) as exc:
+            raise TransportError(f"{self.node}: cannot read the ssh config for {host}: {describe(exc)}") from None
         kwargs: dict[str, Any] = {
             "host": host,
-            "config": self._config_paths(cfg),
+            "options": probe,
+            "config": [],
             "connect_timeout": self.connect_timeout,
             "keepalive_interval": self.keepalive,
             "keepalive_count_max": self.keepalive_count_max,
@@ -305,10 +448,6 @@ class SshTransport:
             kwargs["port"] = port
         if user:
             kwargs["username"] = user
-        try:
-            probe = asyncssh.SSHClientConnectionOptions(**kwargs)
-        except (OSError, ValueError, asyncssh.Error) as exc:
-            raise TransportError(f"{self.node}: cannot read the ssh config for {host}: {describe(exc)}") from None
         key = identity or (fallback_identity if not probe.config.get("IdentityFile") else None)
         if key:
             kwargs["client_keys"] = [str(Path(key).expanduser())]
@@ -325,6 +464,85 @@ class SshTransport:
         # used for it only when the config names none for that host
         return self.config, host, port, user, None, self.config.identity
 
+    def _trust_command(self, cfg: NodeConfig, host: str, port: int | None, jump: str | None,
+                       files: list[str]) -> str:
+        """The ``sparkconsole trust`` line that fetches this hop's key over the same route and
+        records it where the transport checks it."""
+        parts = ["sparkconsole", "trust", host]
+        if port:
+            parts += ["--port", str(port)]
+        if jump:
+            parts += ["--jump", ",".join(self._cli_hop(s.strip()) for s in jump.split(",") if s.strip())]
+            key = cfg.identity or self.config.identity
+            if key:
+                parts += ["--identity", key]
+        if cfg.ssh_config:
+            parts += ["--ssh-config", cfg.ssh_config]
+        parts += ["--known-hosts", files[0]]
+        return shlex.join(parts)
+
+    def _place(self, cfg: NodeConfig, host: str, port: int | None, probe: asyncssh.SSHClientConnectionOptions,
+               jump: str | None) -> _KeyPlace:
+        files = self._known_hosts_paths(cfg, probe)
+        key_host, key_port = _verified_as(probe)
+        return _KeyPlace(key_host, key_port, files, self._trust_command(cfg, host, port, jump, files))
+
+    def _cli_hop(self, spec: str) -> str:
+        """A jump spec ``sparkconsole trust --jump`` understands: an inventory node named as the
+        jump becomes its ``user@host:port`` (the command line has no inventory)."""
+        j = self.jump_node
+        if j is None or spec not in (j.name, j.host):
+            return spec
+        host = f"[{j.host}]" if ":" in j.host and j.port else j.host
+        return (f"{j.user}@" if j.user else "") + host + (f":{j.port}" if j.port else "")
+
+    async def _route(
+        self,
+        cfg: NodeConfig,
+        host: str,
+        port: int | None,
+        user: str | None,
+        identity: str | None,
+        fallback_identity: str | None,
+        jump: str | None,
+        depth: int = 0,
+    ) -> _Route:
+        """Everything up to the last hop: its options, and the verified jump connections it rides
+        on (dialled here, hop by hop). The connection (:meth:`_dial`) and the key capture
+        (:meth:`offered_host_key`) both go this way, so ``trust`` sees the key the connection will."""
+        if depth > _MAX_HOPS:
+            raise TransportError(f"{self.node}: more than {_MAX_HOPS} jump hosts (a ProxyJump loop?)")
+        kwargs, probe = await self._options(cfg, host, port, user, identity, fallback_identity)
+        if depth == 0:
+            self._where = f"[{probe.host}]:{probe.port}" if ":" in probe.host else f"{probe.host}:{probe.port}"
+            self._target_port = probe.port
+        place = self._place(cfg, host, port, probe, jump)  # trust reads a ProxyJump from the same file
+        if jump is None and isinstance(probe.tunnel, str) and probe.tunnel.lower() != "none":
+            jump = probe.tunnel  # ProxyJump from the ssh config: dialled here, not by asyncssh
+        hops: list[asyncssh.SSHClientConnection] = []
+        tunnel: asyncssh.SSHClientConnection | None = None
+        before: list[str] = []
+        try:
+            for spec in (jump or "").split(","):
+                if not spec.strip():
+                    continue
+                hcfg, hhost, hport, huser, hid, hfall = self._hop(spec.strip())
+                if tunnel is None:
+                    tunnel, sub = await self._dial(hcfg, hhost, hport, huser, hid, hfall, None, depth + 1)
+                    hops.extend(sub)
+                else:
+                    hkw, hprobe = await self._options(hcfg, hhost, hport, huser, hid, hfall)
+                    hplace = self._place(hcfg, hhost, hport, hprobe, ",".join(before))
+                    tunnel = await self._connect_one(hkw, tunnel, hprobe.host, hprobe.port,
+                                                     via=",".join(before), place=hplace)
+                hops.append(tunnel)
+                before.append(spec.strip())
+        except BaseException:
+            for h in reversed(hops):
+                h.close()
+            raise
+        return _Route(kwargs, probe, tunnel, hops, jump, place)
+
     async def _dial(
         self,
         cfg: NodeConfig,
@@ -340,33 +558,35 @@ class SshTransport:
 
         Returns the connection and the jump connections it rides on, nearest first.
         """
-        if depth > _MAX_HOPS:
-            raise TransportError(f"{self.node}: more than {_MAX_HOPS} jump hosts (a ProxyJump loop?)")
-        kwargs, probe = self._options(cfg, host, port, user, identity, fallback_identity)
-        if depth == 0:
-            self._where = f"{probe.host}:{probe.port}"
-        if jump is None and isinstance(probe.tunnel, str) and probe.tunnel.lower() != "none":
-            jump = probe.tunnel  # ProxyJump from the ssh config: dialled here, not by asyncssh
-        hops: list[asyncssh.SSHClientConnection] = []
-        tunnel: asyncssh.SSHClientConnection | None = None
+        route = await self._route(cfg, host, port, user, identity, fallback_identity, jump, depth)
         try:
-            for spec in (jump or "").split(","):
-                if not spec.strip():
-                    continue
-                hcfg, hhost, hport, huser, hid, hfall = self._hop(spec.strip())
-                if tunnel is None:
-                    tunnel, sub = await self._dial(hcfg, hhost, hport, huser, hid, hfall, None, depth + 1)
-                    hops.extend(sub)
-                else:
-                    hkw, hprobe = self._options(hcfg, hhost, hport, huser, hid, hfall)
-                    tunnel = await self._connect_one(hkw, tunnel, hprobe.host, hprobe.port, via="jump")
-                hops.append(tunnel)
-            conn = await self._connect_one(kwargs, tunnel, probe.host, probe.port, via=jump)
+            conn = await self._connect_one(route.kwargs, route.tunnel, route.probe.host, route.probe.port,
+                                           via=route.via, place=route.place)
         except BaseException:
-            for h in reversed(hops):
-                h.close()
+            route.close()
             raise
-        return conn, hops
+        return conn, route.hops
+
+    async def offered_host_key(self) -> OfferedKey:
+        """The host key the node offers over the very route :meth:`connect` takes (the inventory's
+        jump, ProxyJump and ProxyCommand from the ssh config; every jump verified as usual), and
+        the known_hosts name and file the transport checks it under (``HostKeyAlias`` honoured).
+        No login is attempted on the node itself. This is what ``sparkconsole trust`` shows and
+        records: fetched any other way, a node behind a jump host got the wrong key, or none."""
+        cfg = self.config
+        route = await self._route(cfg, cfg.host, cfg.port, cfg.user, cfg.identity, None, cfg.jump)
+        try:
+            key = await fetch_host_key(route.probe.host, route.probe.port, tunnel=route.tunnel,
+                                       timeout=self.connect_timeout, options=route.probe)
+        finally:
+            route.close()
+            for h in route.hops:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(h.wait_closed(), 5)
+        proxy = route.probe.proxy_command
+        via = route.via or (shlex.join(proxy) if proxy and route.tunnel is None else None)
+        return OfferedKey(key, route.place.host, route.place.port, route.place.files[0],
+                          f"{route.probe.host}:{route.probe.port}", via)
 
     async def _connect_one(
         self,
@@ -375,6 +595,7 @@ class SshTransport:
         real_host: str,
         real_port: int,
         via: str | None,
+        place: _KeyPlace,
     ) -> asyncssh.SSHClientConnection:
         where = f"{real_host}:{real_port}"
         suffix = f" (via {via})" if via else ""
@@ -385,7 +606,7 @@ class SshTransport:
                 client_factory=lambda: _Client(self),
             )
         except asyncssh.HostKeyNotVerifiable:
-            raise await self._host_key_error(kwargs, tunnel, real_host, real_port) from None
+            raise await self._host_key_error(kwargs, tunnel, real_host, real_port, place) from None
         except asyncssh.PermissionDenied as exc:
             user = kwargs.get("username") or "the configured user"
             raise TransportError(
@@ -405,18 +626,21 @@ class SshTransport:
             raise TransportError(f"{self.node}: cannot connect to {where}{suffix}: {describe(exc)}") from None
 
     async def _host_key_error(
-        self, kwargs: dict[str, Any], tunnel: asyncssh.SSHClientConnection | None, host: str, port: int
+        self, kwargs: dict[str, Any], tunnel: asyncssh.SSHClientConnection | None, host: str, port: int,
+        place: _KeyPlace,
     ) -> HostKeyError:
-        name = known_host_name(host, port)
-        known = kwargs["known_hosts"]
-        files = known if isinstance(known, list) else []
+        """The key offered (fetched again over the same route: the tunnel, or the ssh config's
+        ProxyCommand), under the name asyncssh checked it by, and the ``trust`` line that records it."""
+        name = known_host_name(place.host, place.port)
+        files = [f for f in place.files if os.path.isfile(f)]
         try:
-            key = await fetch_host_key(host, port, tunnel=tunnel, timeout=self.connect_timeout)
+            key = await fetch_host_key(host, port, tunnel=tunnel, timeout=self.connect_timeout,
+                                       options=kwargs["options"])
         except TransportError as exc:
             return HostKeyError(f"{self.node}: host key of {name} not verified ({exc.message})", host=name)
-        changed = any(key_status(f, host, port, key) in ("changed", "revoked") for f in files)
-        where = files[0] if files else str(default_known_hosts())
-        trust = f"sparkconsole trust {host}" + (f" --port {port}" if port != 22 else "") + f" --known-hosts {where}"
+        changed = any(key_status(f, place.host, place.port, key) in ("changed", "revoked") for f in files)
+        where = place.files[0]
+        trust = place.trust
         if changed:
             msg = (
                 f"{self.node}: host key of {name} has CHANGED (possible man-in-the-middle): offered "

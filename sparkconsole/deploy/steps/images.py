@@ -12,6 +12,7 @@ import hashlib
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.state import Job
 from sparkconsole.deploy.steps.base import Step
+from sparkconsole.deploy.weights import peer_port
 from sparkconsole.remote import (
     docker_pull,
     image_copy,
@@ -58,8 +59,8 @@ class Images(Step):
                     raise StepFailed(f"{n}: docker pull failed: {res.stderr.strip()[-300:]}")
                 return
             key = f"image-copy-{n}-{hashlib.sha256(self.flow.image.encode()).hexdigest()[:8]}"  # one job per image
-            self._copies[n] = await self.runner.start_job(have[0], key, image_copy(self.flow.image, self.flow.user_at(n)),
-                                                     self.flow.job_dir(have[0]))
+            copy = image_copy(self.flow.image, self.flow.user_at(n), port=peer_port(self.flow, n))
+            self._copies[n] = await self.runner.start_job(have[0], key, copy, self.flow.job_dir(have[0]))
 
         await asyncio.gather(*(bring(n) for n in self.flow.nodes))
 

@@ -9,6 +9,7 @@ from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.recon import INSTALL, missing_tool
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
+from sparkconsole.deploy.weights import peer_port
 from sparkconsole.remote import (
     command,
     ping_df,
@@ -71,12 +72,13 @@ class Network(Step):
             if not res.ok:
                 return (f"{src} → {dst} ({flow.ip(dst)}): a {mtu}-byte don't-fragment ping failed: "
                         f"{(res.stdout + res.stderr).strip().splitlines()[-1:] or ['no reply']}", cable)
-            res = await self.runner.read(src, ssh_to(flow.user_at(dst), "true"), timeout=30)
+            port = peer_port(flow, dst)  # the copies dial the same port
+            res = await self.runner.read(src, ssh_to(flow.user_at(dst), "true", port=port), timeout=30)
             if not res.ok:
                 return (f"{src} cannot ssh to {dst} over the fast link ({res.stderr.strip()[-200:]}); the copy "
                         "needs it",
-                        f"on {src}: `ssh-copy-id {flow.user_at(dst)}` (NVIDIA's playbook sets keys up the same way "
-                        "for $USER@peer), then --resume")
+                        f"on {src}: `ssh-copy-id {f'-p {port} ' if port else ''}{flow.user_at(dst)}` (NVIDIA's "
+                        "playbook sets keys up the same way for $USER@peer), then --resume")
             return None
 
         errors = [e for e in await asyncio.gather(*(check(i) for i in range(len(nodes)))) if e]

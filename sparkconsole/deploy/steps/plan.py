@@ -154,7 +154,7 @@ class Plan(Step):
         flow.update(gmu=gmu)
         need = {n: int(gmu * _cuda_total(facts[n]) + LAUNCH_MARGIN) for n in flow.nodes}
         flow.update(need=need)
-        choices = {n: freeing.choose(facts[n], need[n]) for n in flow.nodes}
+        choices = await freeing.choose_all(facts, need, flow.nodes)  # off the event loop (issue 23 item 11)
         for n, c in choices.items():
             what = ", ".join(c.stop) if c.stop else "nothing"
             self.runner.note(f"launch needs {need[n] / GIB:.1f} GiB free (gmu {gmu} of {_cuda_total(facts[n]) / GIB:.2f} "

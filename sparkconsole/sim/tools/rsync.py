@@ -19,7 +19,7 @@ import re
 
 from sparkconsole.sim.model import FAST_LINK_RSYNC_BPS, LAN_RSYNC_BPS, CacheRamp, stable_hex
 from sparkconsole.sim.sh.interp import IO
-from sparkconsole.sim.tools.common import _progress2, _ssh_user
+from sparkconsole.sim.tools.common import _opt_val, _progress2, _ssh_user
 from sparkconsole.sim.vfs import VFS, FsError, Inode
 
 STEP_S = 1.0
@@ -42,6 +42,32 @@ def _keepalive_s(rsh: str) -> float:
     opts = dict(re.findall(r"-o\s*(\w+)=(\d+)", rsh))
     interval = int(opts.get("ServerAliveInterval", 0))
     return interval * int(opts.get("ServerAliveCountMax", 3)) if interval else TCP_GIVES_UP_S
+
+
+def _remote_spec(arg: str) -> tuple[str, str] | None:
+    """``(USER@HOST, PATH)`` of rsync's remote-shell spec ``[USER@]HOST:PATH``, else None (a local
+    path), as rsync's own ``parse_hostspec`` (options.c) reads it: the host ends at the first ``:``,
+    and a ``/`` before any ``:`` makes the argument a local path; an IPv6 host is written in
+    brackets, right after the ``@`` ("Note that IPv6 addresses must be enclosed in brackets",
+    rsync(1)), which are not part of the host; a bare one is split at its first colon, as real
+    rsync does (``fe80::1:/x`` is host ``fe80`` and the daemon syntax ``HOST::MODULE``)."""
+    host_start, user = 0, ""
+    i = 0
+    while i < len(arg):
+        ch = arg[i]
+        if ch == "/":
+            return None
+        if ch == ":":
+            return user + arg[host_start:i], arg[i + 1:]
+        if ch == "@":
+            user, host_start = arg[:i + 1], i + 1
+        elif ch == "[":
+            end = arg.find("]", i)
+            if i != host_start or end < 0 or "/" in arg[i:end] or end == i + 1 or arg[end + 1:end + 2] != ":":
+                return None
+            return user + arg[i + 1:end], arg[end + 2:]
+        i += 1
+    return None
 
 
 class RsyncTools:
@@ -94,13 +120,19 @@ class RsyncTools:
         progress2 = "progress2" in flags
         src, dest = paths[0], paths[-1]
         host = None
-        if ":" in dest and not dest.startswith("/"):
-            host, dest = dest.split(":", 1)
+        remote = _remote_spec(dest)
+        if remote is not None:
+            host, dest = remote
+            if dest.startswith(":"):  # HOST::MODULE: the rsync daemon, not modelled
+                io.err(f"rsync: failed to connect to {host.split('@')[-1]}: Connection refused (111)\n"
+                       f"rsync error: error in socket IO (code 10) at clientserver.c(139) [sender={VERSION}]\n")
+                return 10
         dst_node = self.node if host is None else self._resolve(host)  # type: ignore[attr-defined]
         if dst_node is None:
             h = (host or "").split("@")[-1]
+            port = _opt_val(rsh.split()[1:], "-p", "22")  # the remote shell's own port (-e 'ssh -p N')
             await self.clock.sleep(3.0)
-            io.err(f"ssh: connect to host {h} port 22: No route to host\r\nrsync: connection unexpectedly closed "
+            io.err(f"ssh: connect to host {h} port {port}: No route to host\r\nrsync: connection unexpectedly closed "
                    "(0 bytes received so far) [sender]\nrsync error: unexplained error (code 255) at io.c(232) "
                    f"[sender={VERSION}]\n")
             return 255
