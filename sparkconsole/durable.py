@@ -9,7 +9,9 @@ is continued, and a write that makes no progress is an error.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import re
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -20,3 +22,13 @@ def write_all(fd: int, data: bytes) -> None:
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         view = view[n:]
+
+
+def file_name_for(name: str) -> str:
+    """A file name for ``name`` (a cluster's): the name itself when it is a safe file name, else a safe
+    form of it plus a short hash, so two names that differ only in odd characters never share a file
+    (a lock, a ``latest`` pointer)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name).strip(".") or "cluster"
+    if safe != name:
+        safe += "-" + hashlib.sha1(name.encode()).hexdigest()[:8]
+    return safe

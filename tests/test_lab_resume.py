@@ -181,7 +181,9 @@ def test_killed_mid_copy_resumes_the_cut_file_with_partial(lab_cli, tmp_path: Pa
         ends = [e for e in entries if e["command"].startswith("(detached job")]
         assert sum("hf download" in e["command"] for e in starts) == 1
         assert [e["exit_code"] for e in ends if DOWNLOAD in e["command"]] == [0]  # ended once, journaled once
-        assert [e["node"] for e in starts if e["command"] == f"mkdir -p {MODEL_DIR}"] == ["lab-b"]
+        # each node's model folder made once, by the login user: the source's before its download (docker
+        # would make a missing mounted cache folder as root), the target's before its copy
+        assert [e["node"] for e in starts if e["command"] == f"mkdir -p {MODEL_DIR}"] == ["lab-a", "lab-b"]
         copies = [e for e in starts if "rsync -a --partial -L" in e["command"]]
         # the first copy ran beside the download; the one started again on resume is one rsync
         assert [("until [ -f" in e["command"], e["exit_code"]) for e in copies] == [(True, 0), (False, 0)]

@@ -73,7 +73,15 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
 
 
 class Printer:
-    """Events as plain lines (or JSON lines): what happens, in the order it happens."""
+    """Events as plain lines (or JSON lines): what happens, in the order it happens.
+
+    Node text is data: the events carry the nodes' words (a failed command's stderr, printed even
+    without ``-v``; notes; engine lines; a decision's measurements) and none of it may act on the
+    operator's terminal (an OSC 52 sets the clipboard, CSI 2J clears the screen). Plain lines
+    print each event's text cleaned by :func:`~sparkconsole.logs.follow.display_text` (through
+    ``display_fields``, line by line); JSON lines keep the exact text, escaped: ``json.dumps``
+    writes U+0000-U+001F (ESC included) as ``\\u001b``, and ``json_safe`` does the same for DEL,
+    the C1 controls and lone surrogates, which ``ensure_ascii=False`` would leave raw."""
 
     def __init__(self, as_json: bool, verbose: bool, out=None) -> None:
         self.json = as_json
@@ -82,11 +90,13 @@ class Printer:
         self._progress: dict[tuple[str, str, str], int] = {}
 
     def __call__(self, event: Any) -> None:
+        from sparkconsole.logs.follow import display_fields, json_safe
+
         if self.json:
-            self.out.write(json.dumps(event.to_json(), ensure_ascii=False) + "\n")
+            self.out.write(json_safe(json.dumps(event.to_json(), ensure_ascii=False)) + "\n")
             self.out.flush()
             return
-        line = self._plain(event)
+        line = self._plain(display_fields(event))
         if line is not None:
             self.out.write(line + "\n")
             self.out.flush()
@@ -136,14 +146,16 @@ class Printer:
         return None
 
     def plan(self, step: str, title: str, commands: Sequence[tuple[str, RemoteCommand]]) -> None:
-        if self.json:
+        from sparkconsole.logs.follow import display_lines, display_text
+
+        if self.json:  # ensure_ascii (the default): every control character is a \u escape
             for node, cmd in commands:
                 self.out.write(json.dumps({"event": "planned", "step": step, "node": node, "command": cmd.shell(),
                                            "mutating": cmd.mutating}) + "\n")
             return
-        self.out.write(f"  {step}: {title}\n")
-        for node, cmd in commands:
-            self.out.write(f"    {node} $ {cmd.shell()}\n")
+        self.out.write(f"  {step}: {display_text(title)}\n")
+        for node, cmd in commands:  # a command can quote a node's words (a container's, a unit's name)
+            self.out.write(f"    {display_text(node)} $ {display_lines(cmd.shell())}\n")
         if not commands:
             self.out.write("    (nothing to run)\n")
 
@@ -204,17 +216,21 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
     from sparkconsole.journal import Journal
 
     store = StateStore()
-    if args.resume is not None or args.teardown is not None:
-        state = store.load((args.resume or args.teardown) or None)
-        options = Options.from_json(state.options)
-    else:
-        options = Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
-                          tp=args.tp, max_model_len=args.max_model_len)
-        state = None
+    earlier_id = (args.resume or args.teardown) or None
+    if earlier_id is not None:
+        store.load(earlier_id)  # a missing or broken state is said before any cluster is opened
+    options = Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
+                      tp=args.tp, max_model_len=args.max_model_len)
+    state = None
     demo = bool(getattr(args, "demo", False))  # a cluster simulated in this process: no one else reaches it
     async with open_cluster(args, demo_speed=args.speed) as config:
         speed = args.speed if demo else config.time_scale
-        if state is None:
+        if args.resume is not None or args.teardown is not None:
+            # only a deployment made on this cluster (its latest when no id): another cluster's state
+            # names containers and services this one may also run (issue 23, item 4)
+            state = store.load(earlier_id, cluster=config.name)
+            options = Options.from_json(state.options)
+        else:
             earlier = None if demo else find_earlier(store, config.name, options.model)
             if earlier is not None and not args.json:
                 print(f"note: deployment {earlier.id} ({earlier.result or 'unfinished'}) of this model exists on "
@@ -248,8 +264,10 @@ def _confirm(args: argparse.Namespace, printer: Printer):
         if not sys.stdin.isatty():
             raise UserError(f"{step}: {len(commands)} command(s) would change the nodes; pass --auto or --yes to "
                             "run them, or use the console's wizard (w)", exit_code=1)
-        for node, cmd in commands:
-            print(f"    {node} $ {cmd.shell()}")
+        from sparkconsole.logs.follow import display_lines
+
+        for node, cmd in commands:  # a command can quote a node's words (a container's, a unit's name)
+            print(f"    {node} $ {display_lines(cmd.shell())}")
         reply = await asyncio.to_thread(input, f"  run these {len(commands)} command(s)? [y/N] ")
         return reply.strip().lower() in ("y", "yes")
 

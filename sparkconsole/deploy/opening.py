@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
-import re
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -41,7 +39,7 @@ from sparkconsole.deploy.events import Event, NoteEvent
 from sparkconsole.deploy.flow import Flow, Options
 from sparkconsole.deploy.runner import Runner
 from sparkconsole.deploy.state import DeploymentState, StateStore
-from sparkconsole.durable import write_all
+from sparkconsole.durable import file_name_for, write_all
 from sparkconsole.errors import UserError
 
 if TYPE_CHECKING:
@@ -67,10 +65,7 @@ def lock_name(cluster: str) -> str:
     """The lock file's name for ``cluster``: the name itself when it is a safe file name, else a
     safe form of it plus a short hash, so two names that differ only in odd characters never share
     a lock."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", cluster).strip(".") or "cluster"
-    if safe != cluster:
-        safe += "-" + hashlib.sha1(cluster.encode()).hexdigest()[:8]
-    return safe + ".lock"
+    return file_name_for(cluster) + ".lock"
 
 
 @dataclass(frozen=True)
@@ -290,6 +285,13 @@ async def open_deployment(
         else:
             emit(NoteEvent("", text, "warning"))
 
+    if state.cluster != config.name:
+        raise UserError(f"deployment {state.id} was made on cluster {state.cluster!r}, not on {config.name!r}: "
+                        "run it with that cluster's inventory (--config)")
+    unknown = sorted(state.nodes() - {n.name for n in config.nodes})
+    if unknown:
+        raise UserError(f"deployment {state.id} names nodes the inventory of {config.name!r} lacks: "
+                        f"{', '.join(unknown)}; run it with the inventory it was made with")
     held: ClusterLock | None = None
     if lock and not plan_only:
         held = ClusterLock(config.name, state.id, directory=locks, on_note=note)

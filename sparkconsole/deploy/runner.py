@@ -74,6 +74,9 @@ class Settings:
     hang_after_s: float = 600.0  # no new engine log line for this long: a hang (SGLang's NCCL stall)
     ray_join_timeout_s: float = 180.0
     unreachable_after_s: float = 120.0  # wall seconds a node may not answer while a job is waited on
+    # node seconds a detached job may run before the wait gives up (the job runs on: --resume): 119 GB
+    # over a slow line is hours, never days
+    job_deadline_s: float = 24 * 3600.0
     speed: float = 1.0  # node seconds per wall second (the demo runs accelerated)
 
 
@@ -121,6 +124,27 @@ class Runner:
         finally:
             self._recorded = None
             self.state.__dict__.update(kept)
+
+    async def apply(self, step: str, title: str, send: Callable[[], Awaitable[None]],
+                    on_plan: Callable[[str, str, list[tuple[str, RemoteCommand]]], None] | None = None) -> bool:
+        """Show, confirm, send: ``send`` runs first as a rehearsal (what it would change is what
+        ``on_plan`` prints and what the operator confirms), then (not plan-only) the same ``send``
+        sends it. The one path every change takes, the forward steps' and teardown's alike. False
+        when only planned."""
+        planned = await self.rehearse(send)
+        if on_plan is not None:
+            on_plan(step, title, planned)
+        if self.plan_only:
+            return False
+        mutating = [(n, c) for n, c in planned if c.mutating]
+        if mutating and not await self.confirm(step, mutating):
+            raise StepFailed("not confirmed", "run again and confirm, or --auto")
+        self.expect(planned)
+        try:
+            await send()
+        finally:
+            self.expect(None)
+        return True
 
     def expect(self, changes: Sequence[tuple[str, RemoteCommand]] | None) -> None:
         """The changes the operator confirmed for the step about to send (``None``: no check)."""
@@ -261,54 +285,86 @@ class Runner:
 
     # ---- detached jobs ----------------------------------------------------------------------
     async def start_job(self, node: str, key: str, inner: RemoteCommand, job_dir: str) -> Job:
-        """Start ``inner`` detached on ``node`` unless this deployment already started it (then the
-        saved job is returned and waited on again: nothing runs twice)."""
-        if key in self.state.jobs:
-            job = self.state.jobs[key]
-            ended = await self._job_ended_badly(job)
-            if ended is None:
-                self.note(f"{inner.summary}: re-attached to the job started before (pid {job.pid})", node=node)
-                return job
-            # it failed or is gone (killed, node rebooted): re-attaching would only read that again
-            self.note(f"{inner.summary}: the job started before {ended}; starting it again", "warning", node=node)
+        """Start ``inner`` detached on ``node`` unless it already runs there or ended well (then that job
+        is returned and waited on again: nothing runs twice).
+
+        The node is asked by the job's key alone (its identity file, written by the job itself), not by
+        what the state saved: a console killed between sending the start and saving the pid finds the
+        job running and re-attaches, however the moment of the kill fell (issue 23, item 5)."""
         files = JobFiles.under(job_dir, key)
+        saved = self.state.jobs.get(key)
+        word, pid = await self._look_for_job(node, files)
+        if word in ("running", "rc 0"):  # this deployment's job (its folder is the deployment's): adopt it
+            job = Job(node=node, pid=pid or (saved.pid if saved else 0), log=files.log, rc=files.rc,
+                      what=inner.summary, started=saved.started if saved else time.time(), pid_file=files.pid)
+            if saved is None or saved.pid != job.pid:
+                self.state.jobs[key] = job
+                self.save()
+            self.note(f"{inner.summary}: re-attached to the job started before (pid {job.pid}"
+                      f"{', ended well' if word == 'rc 0' else ''})", node=node)
+            return job
+        if saved is not None or word not in ("none", "unknown"):
+            # it failed or is gone (killed, node rebooted): re-attaching would only read that again
+            ended = ("is gone without an exit code" if word == "lost"
+                     else f"ended with exit {word[3:]}" if word.startswith("rc ") else "left nothing on the node")
+            self.note(f"{inner.summary}: the job started before {ended}; starting it again", "warning", node=node)
         res = await self.change(node, detached(job_dir, files, inner))
         if self.rehearsing:  # shown, not started: a job that would be waited on, and ends well
-            return Job(node=node, pid=0, log=files.log, rc=files.rc, what=inner.summary)
+            return Job(node=node, pid=0, log=files.log, rc=files.rc, what=inner.summary, pid_file=files.pid)
         pid = _last_int(res.stdout)
         if not res.ok or pid is None:
-            raise StepFailed(f"{node}: could not start {inner.summary or 'the job'}: {_tail(res) or 'no pid'}")
-        job = Job(node=node, pid=pid, log=files.log, rc=files.rc, what=inner.summary, started=time.time())
+            raise StepFailed(f"{node}: could not start {inner.summary or 'the job'}: {_tail(res) or 'no pid'}",
+                             "--resume finds the job on the node if it did start")
+        job = Job(node=node, pid=pid, log=files.log, rc=files.rc, what=inner.summary, started=time.time(),
+                  pid_file=files.pid)
         self.state.jobs[key] = job
         self.save()
         return job
+
+    async def _look_for_job(self, node: str, files: JobFiles) -> tuple[str, int | None]:
+        """What the node says of the job under ``files``: ``running`` (with its pid), ``rc N``,
+        ``lost``, ``none`` (never started), or ``unknown`` (the node did not answer)."""
+        res = await self.read(node, job_check(files, tail_bytes=0), quiet=True)
+        if res.exit_status is None:
+            return "unknown", None
+        word = res.stdout.partition("\n")[0].strip()
+        if word.startswith("running"):
+            return "running", _last_int(word.split()[-1])
+        return word or "unknown", None
 
     async def _job_ended_badly(self, job: Job) -> str | None:
         """How a saved job ended when it did not end well (``"ended with exit 2"``, ``"is gone"``);
         ``None`` while it runs, when it ended with 0, or when its node does not answer now (then
         :meth:`wait_job` decides)."""
-        res = await self.read(job.node, job_check(JobFiles(job.log, job.rc), job.pid, tail_bytes=0), quiet=True)
-        if res.exit_status is None:
-            return None
-        word = res.stdout.partition("\n")[0].strip()
-        if word == "lost":
+        word, _pid = await self._look_for_job(job.node, job.files)
+        if word in ("lost", "none"):
             return "is gone without an exit code"
         if word.startswith("rc ") and word != "rc 0":
             return f"ended with exit {word[3:].strip() or '?'}"
         return None
 
-    async def wait_job(self, job: Job, on_output: Callable[[str], None] | None = None) -> int:
+    async def wait_job(self, job: Job, on_output: Callable[[str], None] | None = None,
+                       deadline_s: float | None = None) -> int:
         """Poll the job until it ends; its exit code. A job that neither runs nor left an exit code
-        was killed (the node rebooted, someone killed it): -1. Rehearsing: 0 at once (the job was only
-        shown)."""
+        was killed (the node rebooted, someone killed it): -1; the job is known by pid, boot id and
+        start time, so a pid reused after a reboot never reads as the job running. ``deadline_s``
+        (node seconds, default :attr:`Settings.job_deadline_s`) bounds the whole wait: past it the
+        step fails and says the job keeps running. Rehearsing: 0 at once (the job was only shown)."""
         if self.rehearsing:
             return 0
+        limit = (deadline_s if deadline_s is not None else self.settings.job_deadline_s) / self.settings.speed
+        begun = time.monotonic()
         silent_since: float | None = None
         while True:
             if self.cancelled:
                 raise StepFailed("stopped by the operator", f"the job keeps running on {job.node}; --resume "
                                  "re-attaches to it")
-            res = await self.read(job.node, job_check(JobFiles(job.log, job.rc), job.pid), quiet=True)
+            if time.monotonic() - begun > limit:
+                raise StepFailed(f"{job.what or 'a job'} on {job.node} has not ended after "
+                                 f"{_duration(limit * self.settings.speed)}",
+                                 f"it keeps running on {job.node} (its log: {job.log}); --resume re-attaches, "
+                                 "--teardown stops it")
+            res = await self.read(job.node, job_check(job.files), quiet=True)
             if res.exit_status is None:
                 now = time.monotonic()
                 silent_since = silent_since or now
@@ -324,7 +380,7 @@ class Runner:
             if on_output is not None and rest:
                 on_output(rest)
             word = head.strip()
-            if word.startswith("rc ") or word == "lost":
+            if word.startswith("rc ") or word in ("lost", "none"):
                 rc = -1
                 with contextlib.suppress(ValueError, IndexError):
                     rc = int(word.split()[1])
@@ -344,8 +400,14 @@ class Runner:
                             error=(tail[0] if tail else None) if rc != 0 else None,
                             deployment=self.state.id, step=self.step)
 
-    async def stop_job(self, job: Job) -> None:
-        await self.change(job.node, kill_job(job.pid))
+    async def stop_job(self, job: Job) -> bool:
+        """Stop ``job`` if it still runs (the pid checked against its identity first: never a stranger's
+        process that took the pid); True when a stop was sent."""
+        word, pid = await self._look_for_job(job.node, job.files)
+        if word != "running" or not pid:
+            return False
+        await self.change(job.node, kill_job(pid))
+        return True
 
 
 def _rc(res: CommandResult) -> int:
@@ -355,6 +417,10 @@ def _rc(res: CommandResult) -> int:
 def _tail(res: CommandResult, lines: int = 4) -> str:
     text = (res.stderr or res.stdout or "").strip()
     return "\n".join(text.splitlines()[-lines:])
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _last_int(text: str) -> int | None:

@@ -107,20 +107,9 @@ async def _run_step(flow: Flow, step: Step, on_plan) -> None:
         r.set_step(step.id, "skipped", why)
         return
     await step.decide()
-    planned = await r.rehearse(step.send)
-    if on_plan is not None:
-        on_plan(step.id, step.title, planned)
-    if r.plan_only:
+    if not await r.apply(step.id, step.title, step.send, on_plan):
         r.set_step(step.id, "done", "planned")
         return
-    mutating = [(n, c) for n, c in planned if c.mutating]
-    if mutating and not await r.confirm(step.id, mutating):
-        raise StepFailed("not confirmed", "run again and confirm, or --auto")
-    r.expect(planned)
-    try:
-        await step.send()
-    finally:
-        r.expect(None)
     await step.watch()
     await step.verify()
     r.set_step(step.id, "done")

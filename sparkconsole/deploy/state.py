@@ -24,16 +24,18 @@ from typing import Any
 
 from sparkconsole.config import state_dir
 from sparkconsole.deploy.deployment_plan import DeploymentPlan
-from sparkconsole.durable import write_all
+from sparkconsole.durable import file_name_for, write_all
 from sparkconsole.errors import UserError
 from sparkconsole.journal import redact
+from sparkconsole.remote import JobFiles
 
 SCHEMA = 1
 
 
 @dataclass
 class Job:
-    """A detached job on a node: found again by its pid and its files after a disconnect."""
+    """A detached job on a node: found again by its files after a disconnect (``pid_file`` names the
+    process by pid, boot id and start time: :class:`~sparkconsole.remote.JobFiles`)."""
 
     node: str
     pid: int
@@ -41,6 +43,12 @@ class Job:
     rc: str
     what: str
     started: float = 0.0  # wall time (Unix) it was started, for the journal's duration
+    pid_file: str = ""
+
+    @property
+    def files(self) -> JobFiles:
+        # a state saved before identity files: the pid file beside the exit-code file
+        return JobFiles(self.log, self.rc, self.pid_file or self.rc.removesuffix(".rc") + ".pid")
 
 
 @dataclass
@@ -96,6 +104,12 @@ class DeploymentState:
         return self.id.replace("-", "")[-8:]
 
     # ---- persistence ----------------------------------------------------------------------
+
+    def nodes(self) -> set[str]:
+        """Every node this state names (what it started, stopped, runs as jobs): each must be in the
+        inventory it is run with."""
+        return ({s.node for s in self.started} | {s.node for s in self.stopped}
+                | {j.node for j in self.jobs.values()})
 
     def to_json(self) -> dict[str, Any]:
         return _redacted(asdict(self))
@@ -166,8 +180,13 @@ class StateStore:
             raise StateNotSaved(f"the deployment state could not be saved ({exc.strerror or exc}): {kept}; "
                                 "free some disk and --resume") from None
         os.replace(tmp, target)
-        (self.root / "latest").write_text(st.id + "\n")
+        self._latest_file(st.cluster).write_text(st.id + "\n")
         return target
+
+    def _latest_file(self, cluster: str) -> Path:
+        """``latest`` is kept per cluster: a ``--resume`` or ``--teardown`` without an id on one cluster
+        must never pick a deployment made on another (issue 23, item 4)."""
+        return self.root / f"latest.{file_name_for(cluster)}"
 
     def saved(self) -> Iterator[DeploymentState]:
         """Every deployment saved here that can be read (an unreadable file is passed over)."""
@@ -177,17 +196,26 @@ class StateStore:
             except (OSError, ValueError, UserError):
                 continue
 
-    def load(self, ident: str | None = None) -> DeploymentState:
-        """A saved deployment; ``None``: the latest one."""
+    def load(self, ident: str | None = None, *, cluster: str | None = None) -> DeploymentState:
+        """A saved deployment; ``None``: the latest one on ``cluster``. With ``cluster``, a deployment
+        made on another cluster is refused (its containers, jobs and stopped services are another
+        cluster's names: acting on them here would remove what this deployment never started)."""
         if ident is None:
+            if cluster is None:
+                raise UserError("which cluster's latest deployment? (internal: load(None) needs a cluster)")
             try:
-                ident = (self.root / "latest").read_text().strip()
+                ident = self._latest_file(cluster).read_text().strip()
             except FileNotFoundError:
-                raise UserError("no deployment to resume: none was started from this machine") from None
+                raise UserError(f"no deployment to resume on cluster {cluster!r}: none was started from this "
+                                "machine") from None
         try:
             data = json.loads(self.path(ident).read_text())
         except FileNotFoundError:
             raise UserError(f"no deployment {ident!r} in {self.root}") from None
         except ValueError as exc:
             raise UserError(f"deployment {ident!r}: state file is not JSON ({exc})") from None
-        return DeploymentState.from_json(data)
+        st = DeploymentState.from_json(data)
+        if cluster is not None and st.cluster != cluster:
+            raise UserError(f"deployment {st.id} was made on cluster {st.cluster!r}, not on {cluster!r}: "
+                            f"run it with that cluster's inventory (--config)")
+        return st

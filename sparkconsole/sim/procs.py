@@ -57,8 +57,13 @@ class ProcTable:
     def __init__(self, node: str, now: Callable[[], float], first_pid: int = 48_211) -> None:
         self.node = node
         self.now = now
+        self.first_pid = first_pid
         self._next = first_pid
         self.procs: dict[int, Process] = {}
+
+    def restart_pids(self, next_pid: int | None = None) -> None:
+        """After a reboot pids count up from the start again: a saved bare pid may name a stranger."""
+        self._next = self.first_pid if next_pid is None else next_pid
 
     def new_pid(self) -> int:
         pid = self._next
@@ -89,7 +94,8 @@ class ProcTable:
             else:
                 exc = t.exception()
                 p.rc = t.result() if exc is None else 1
-            self.procs.pop(p.pid, None)
+            if self.procs.get(p.pid) is p:  # after a reboot the pid may already be another's
+                del self.procs[p.pid]
             for q in self.procs.values():  # orphans go to init
                 if q.ppid == p.pid:
                     q.ppid = 1
