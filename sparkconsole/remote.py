@@ -12,6 +12,7 @@ container or unit name, a path. The rules follow what those systems themselves a
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -81,9 +82,30 @@ def validate_ifname(value: str) -> str:
 
 
 def validate_host(value: str) -> str:
-    """Return ``value`` if it is a host name, alias or address."""
-    if not _HOST.fullmatch(value):
+    """Return ``value`` if it is a host name, alias or address: an IPv6 one too, bare, with its
+    interface zone where it has one (``::1``, ``fe80::1%enp1s0``); brackets belong to a
+    ``[host]:port`` spec, not to the host."""
+    if not (is_ipv6(value) or (_HOST.fullmatch(value) and ":" not in value)):  # a colon: IPv6 or nothing
         raise ValidationError(f"not a valid host name or address: {value!r}")
+    return value
+
+
+def is_ipv6(value: str) -> bool:
+    """``value`` is an IPv6 address, with an interface zone (``%IFNAME``) or without."""
+    addr, sep, zone = value.partition("%")
+    if sep and not _IFNAME.fullmatch(zone):
+        return False
+    try:
+        ipaddress.IPv6Address(addr)
+    except ValueError:
+        return False
+    return True
+
+
+def validate_port(value: int) -> int:
+    """Return ``value`` if it is a TCP port number (1-65535)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ValidationError(f"not a port number: {value!r}")
     return value
 
 
@@ -318,40 +340,76 @@ def with_env(env: list[tuple[str, str]] | tuple[tuple[str, str], ...], cmd: Remo
 
 @dataclass(frozen=True)
 class JobFiles:
-    """Where a detached job keeps its output, exit code and pid on the node."""
+    """Where a detached job keeps its output, exit code and identity on the node.
+
+    ``pid`` is written by the job itself as its first act: ``PID BOOT_ID START_TICKS`` (its pid, the
+    node's ``/proc/sys/kernel/random/boot_id``, field 22 of ``/proc/PID/stat``: its start time in
+    clock ticks since boot). The three together name one process for the life of the node: a bare
+    pid is reused after a reboot (pids count up from the same place) or after the job was killed, and
+    ``kill -0`` would call a stranger the job. So the job is found by its key alone (the file), also
+    when the console was killed before it saved the pid (issue 23, items 5 and 8)."""
 
     log: str
     rc: str
+    pid: str = ""
 
     @classmethod
     def under(cls, job_dir: str, name: str) -> JobFiles:
         validate_path(job_dir)
         if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", name):
             raise ValidationError(f"not a job name: {name!r}")
-        return cls(log=f"{job_dir}/{name}.log", rc=f"{job_dir}/{name}.rc")
+        return cls(log=f"{job_dir}/{name}.log", rc=f"{job_dir}/{name}.rc", pid=f"{job_dir}/{name}.pid")
+
+
+# Field 22 of /proc/PID/stat (starttime) read with the shell's own ``read`` (no cut/awk needed, and
+# a job's comm is ``sh``: no spaces in field 2). Constant text.
+_STAT_FIELDS = "_ " * 21 + "st _"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def _identity_line(pid_expr: str) -> str:
+    """Shell text that prints ``PID BOOT_ID START_TICKS`` for the process ``pid_expr`` (constant text)."""
+    return (f"read b < {BOOT_ID}; read {_STAT_FIELDS} < /proc/{pid_expr}/stat; "
+            f'echo "{pid_expr} $b $st"')
+
+
+def job_alive(files: JobFiles) -> str:
+    """Shell text, true while the process named by ``files.pid`` runs: same boot, same pid, same start
+    time. False when the file is missing, the node rebooted, or the pid now names another process."""
+    pidf = shlex.quote(validate_path(files.pid))
+    return (f"{{ read jp jb js < {pidf} && read nb < {BOOT_ID} && [ \"$jb\" = \"$nb\" ] && "
+            f"read {_STAT_FIELDS} < /proc/$jp/stat && [ \"$st\" = \"$js\" ]; }} 2>/dev/null")
 
 
 def detached(job_dir: str, files: JobFiles, inner: RemoteCommand, summary: str = "") -> RemoteScript:
-    """Start ``inner`` detached from the SSH session (``setsid nohup``), its output in ``files.log``
-    and its exit code in ``files.rc`` when it ends; prints the job's pid. Losing the laptop's
-    connection loses nothing: the console finds the job again by its files and pid.
+    """Start ``inner`` detached from the SSH session (``setsid nohup``), its output in ``files.log``,
+    its identity in ``files.pid`` (written by the job itself, first) and its exit code in ``files.rc``
+    when it ends; prints the job's pid once its identity file is there (so a check that follows at once
+    finds it). Losing the laptop's connection loses nothing: the console finds the job again by its
+    files, even when it never learnt the pid.
 
     The ``&`` puts ``setsid`` alone in the background, not the ``mkdir && rm && setsid`` list: bash
     runs a backgrounded list in a subshell that keeps the SSH channel's stdout open until the job
     ends (the start would return only then, the pid unsaved while the job runs) and ``$!`` would
     be that subshell's pid, not the job's (the lab's console killed mid-copy found no job)."""
-    job = f"{inner.shell()} > {shlex.quote(files.log)} 2>&1; echo $? > {shlex.quote(files.rc)}"
-    text = (f"mkdir -p {shlex.quote(validate_path(job_dir))} && rm -f {shlex.quote(files.rc)} || exit 1; "
-            f"setsid nohup sh -c {shlex.quote(job)} > /dev/null 2>&1 < /dev/null & echo $!")
+    pidf = shlex.quote(files.pid)
+    job = (f"{_identity_line('$$')} > {pidf}; "
+           f"{inner.shell()} > {shlex.quote(files.log)} 2>&1; echo $? > {shlex.quote(files.rc)}")
+    wait = "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do [ -s {0} ] && break; sleep 0.1; done"
+    text = (f"mkdir -p {shlex.quote(validate_path(job_dir))} && rm -f {shlex.quote(files.rc)} {pidf} || exit 1; "
+            f"setsid nohup sh -c {shlex.quote(job)} > /dev/null 2>&1 < /dev/null & "
+            f"{wait.format(pidf)}; echo $!")
     return RemoteScript((), mutating=True, summary=summary or inner.summary, text=text)
 
 
-def job_check(files: JobFiles, pid: int, tail_bytes: int = 4096) -> RemoteScript:
-    """Read-only: ``rc N`` when the job ended, ``running`` while its pid lives, ``lost`` when it
-    neither ended nor runs; then the last bytes of its log."""
-    rc, log = shlex.quote(files.rc), shlex.quote(files.log)
-    text = (f"if [ -f {rc} ]; then echo \"rc $(cat {rc})\"; elif kill -0 {int(pid)} 2>/dev/null; "
-            f"then echo running; else echo lost; fi; tail -c {int(tail_bytes)} {log} 2>/dev/null")
+def job_check(files: JobFiles, tail_bytes: int = 4096) -> RemoteScript:
+    """Read-only: ``rc N`` when the job ended, ``running PID`` while the process its identity file
+    names lives (same boot, same start time), ``lost`` when it neither ended nor runs, ``none`` when
+    no job was ever started under these files; then the last bytes of its log."""
+    rc, log, pidf = (shlex.quote(validate_path(p)) for p in (files.rc, files.log, files.pid))
+    text = (f"if [ -f {rc} ]; then echo \"rc $(cat {rc})\"; elif {job_alive(files)}; then echo \"running $jp\"; "
+            f"elif [ -f {pidf} ]; then echo lost; else echo none; fi; "
+            f"tail -c {int(tail_bytes)} {log} 2>/dev/null")
     return RemoteScript((), text=text)
 
 
@@ -364,6 +422,32 @@ def kill_job(pid: int) -> RemoteCommand:
 def file_from(path: str, offset: int) -> RemoteCommand:
     """``tail -c +N FILE``: a growing log read from byte ``offset`` (0-based) on."""
     return command("tail", "-c", f"+{int(offset) + 1}", validate_path(path))
+
+
+FILE_CHUNK_BYTES = 1 << 20  # the most one read of a growing log brings back
+
+
+def file_chunk(path: str, offset: int, limit: int = FILE_CHUNK_BYTES, *, whole_lines: bool = True) -> RemoteScript:
+    """A growing log read from byte ``offset`` (0-based): the first line is the byte offset the read
+    ends at, counted by the node (``wc -c``), then exactly the bytes from ``offset`` to there.
+
+    The transport decodes what comes back (an invalid byte becomes U+FFFD, three bytes), so the
+    reader cannot count the file's bytes from the text it gets: the node's count is the next
+    offset, and nothing is skipped or read twice. With ``whole_lines`` the read ends after the last
+    newline (a line still being written, possibly cut inside a UTF-8 sequence, waits for the next
+    read), unless one line alone fills ``limit`` bytes; without, it ends at the file's end (the
+    last read, once the writer is gone). A file now shorter than ``offset`` (truncated, made anew)
+    prints its size and nothing else. Read-only; ``sh``, ``wc``, ``tail`` and ``head`` only."""
+    p = shlex.quote(validate_path(path))
+    off, lim = int(offset), int(limit)
+    part = f"tail -c +{off + 1} {p} | head -c $((e - {off}))"
+    text = f"s=$(wc -c < {p}) || exit 1; e=$((s)); if [ \"$e\" -gt {off + lim} ]; then e={off + lim}; fi; "
+    if whole_lines:
+        text += (f"if [ \"$e\" -gt {off} ] && [ \"$({part} | tail -c 1 | wc -l)\" -eq 0 ]; then "
+                 f"u=$({part} | tail -n 1 | wc -c); "
+                 f"if [ \"$u\" -lt $((e - {off})) ] || [ $((e - {off})) -lt {lim} ]; then e=$((e - u)); fi; fi; ")
+    text += f"echo \"$e\"; if [ \"$e\" -gt {off} ]; then {part}; fi"
+    return RemoteScript((), text=text, summary=f"read {path} from byte {off}")
 
 
 # ---- the deployment's commands ------------------------------------------------------------------
@@ -421,58 +505,81 @@ def hf_download(model: str) -> RemoteCommand:
 RSYNC_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
 
 
-def rsync_dir(src: str, user_host: str, dest: str, *, exclude: tuple[str, ...] = ("blobs/",)) -> RemoteCommand:
-    """Copy a model directory to another node over the fast link: links dereferenced (``-L``: the
-    HF cache's snapshot links would arrive broken otherwise), a cut file kept (``--partial``).
-    ssh's keepalive (``RSYNC_SSH``) makes a pass whose link went dead fail in about 15 s, not after
-    TCP's retransmissions give up (about 15 minutes), so the wizard sees it and can offer to wait."""
+def _peer(user_host: str) -> tuple[str, str]:
+    """``(user, host)`` of a node-to-node destination ``[USER@]HOST``, both checked (HOST may be an
+    IPv6 address, bare: ``nvidia@fe80::1%enp1s0f1np1``)."""
     user, _, host = user_host.rpartition("@")
     validate_host(host)
     if user:
         validate_container(user)
+    return user, host
+
+
+def rsync_target(user_host: str, path: str) -> str:
+    """rsync's remote spec ``[USER@]HOST:PATH``, an IPv6 HOST in brackets (``USER@[fe80::1]:PATH``):
+    rsync(1) splits a bare one at its first colon, taking the rest for a path ("Note that IPv6
+    addresses must be enclosed in brackets", rsync(1), USAGE / ADVANCED USAGE)."""
+    user, host = _peer(user_host)
+    where = f"[{host}]" if is_ipv6(host) else host
+    return f"{user + '@' if user else ''}{where}:{path}"
+
+
+def rsync_dir(src: str, user_host: str, dest: str, *, exclude: tuple[str, ...] = ("blobs/",),
+              port: int | None = None) -> RemoteCommand:
+    """Copy a model directory to another node over the fast link: links dereferenced (``-L``: the
+    HF cache's snapshot links would arrive broken otherwise), a cut file kept (``--partial``).
+    ssh's keepalive (``RSYNC_SSH``) makes a pass whose link went dead fail in about 15 s, not after
+    TCP's retransmissions give up (about 15 minutes), so the wizard sees it and can offer to wait.
+    ``port``: the far sshd's, when not 22 (``-e 'ssh … -p PORT'``: rsync has no port of its own
+    for a remote shell); an IPv6 ``user_host`` goes in brackets (:func:`rsync_target`)."""
+    _, host = _peer(user_host)
     argv = ["rsync", "-a", "--partial", "-L"]
     for e in exclude:
         if not re.fullmatch(r"[A-Za-z0-9._/-]{1,64}", e):
             raise ValidationError(f"not an rsync exclude: {e!r}")
         argv += ["--exclude", e]
-    argv += ["--info=progress2", "-e", RSYNC_SSH,
-             validate_path(src).rstrip("/") + "/", f"{user_host}:{validate_path(dest).rstrip('/')}/"]
+    rsh = RSYNC_SSH + (f" -p {validate_port(port)}" if port and port != 22 else "")
+    argv += ["--info=progress2", "-e", rsh,
+             validate_path(src).rstrip("/") + "/", rsync_target(user_host, validate_path(dest).rstrip("/") + "/")]
     return command(*argv, mutating=True, summary=f"copy {src} to {host}")
 
 
 STREAM_EVERY_S = 5  # seconds between two copy passes while the download runs
 
 
-def stream_copy(rsync: RemoteCommand, download_rc: str, every_s: int = STREAM_EVERY_S) -> RemoteScript:
+def stream_copy(rsync: RemoteCommand, download: JobFiles, every_s: int = STREAM_EVERY_S) -> RemoteScript:
     """The copy that runs beside the download, as one detached job on the downloading node.
 
     ``hf download`` writes each file as ``blobs/<sha>.incomplete`` and links it from
     ``snapshots/<rev>/`` only once it is whole, so an ``rsync -L`` of the snapshot sends finished
-    files only. While the download's exit-code file (``download_rc``) is absent, the copy is run
-    again every ``every_s`` seconds (a pass that finds nothing new costs a file list); once the
-    download has ended with 0, one final pass sends the rest, and the job's exit code is that
-    pass's. A download that failed ends the copy with 1 (``--resume`` starts both again).
+    files only. While the download runs (its identity file names a live process, :func:`job_alive`)
+    and has not written its exit code, the copy is run again every ``every_s`` seconds (a pass that
+    finds nothing new costs a file list); once the download has ended with 0, one final pass sends
+    the rest, and the job's exit code is that pass's. A download that failed, or died without an exit
+    code (killed, the node rebooted), ends the copy with 1 (``--resume`` starts both again): the copy
+    never waits for ever on a download that is gone (issue 23, item 7).
     Built from the quoted ``rsync`` command and constant shell syntax only (remote.py's rule)."""
-    rc = shlex.quote(validate_path(download_rc))
+    rc = shlex.quote(validate_path(download.rc))
     cmd = rsync.shell()
     src = shlex.quote(rsync.argv[-2])  # rsync_dir's source: a pass waits until the download made it
     # one group, so a redirection after it (the job's log) takes every pass's output; no pass before
     # the download has made the model's folder (rsync would say "change_dir … No such file", code 23,
     # read by the copy's watcher as a failed pass)
-    text = (f"{{ until [ -f {rc} ]; do if [ -d {src} ]; then {cmd} || true; fi; sleep {int(every_s)}; done; "
-            f'[ "$(cat {rc})" = 0 ] && {cmd}; }}')
+    text = (f"{{ until [ -f {rc} ] || ! {job_alive(download)}; do if [ -d {src} ]; then {cmd} || true; fi; "
+            f"sleep {int(every_s)}; done; "
+            f'[ -f {rc} ] && [ "$(cat {rc})" = 0 ] && {cmd}; }}')
     return RemoteScript((), mutating=True, text=text,
                         summary=f"{rsync.summary}, each file as soon as it is downloaded, then a final pass")
 
 
-def ssh_to(user_host: str, *argv: str) -> RemoteCommand:
-    """``ssh -o BatchMode=yes USER@HOST CMD…`` from one node to another (never asks a password)."""
-    user, _, host = user_host.rpartition("@")
-    validate_host(host)
-    if user:
-        validate_container(user)
+def ssh_to(user_host: str, *argv: str, port: int | None = None) -> RemoteCommand:
+    """``ssh -o BatchMode=yes [-p PORT] USER@HOST CMD…`` from one node to another (never asks a
+    password). ``port``: the far sshd's, when not 22. An IPv6 HOST goes bare (``USER@fe80::1%IF``):
+    ssh(1) takes the destination's host as written, and a ``-p`` for the port."""
+    _peer(user_host)
     inner = " ".join(shlex.quote(a) for a in argv)
-    return command("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", user_host, inner)
+    opts = ["-p", str(validate_port(port))] if port and port != 22 else []
+    return command("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", *opts, user_host, inner)
 
 
 def mkdir_p(path: str) -> RemoteCommand:
@@ -491,19 +598,22 @@ def docker_pull(image: str) -> RemoteCommand:
     return command("docker", "pull", img, mutating=True, summary=f"pull {img}")
 
 
-def image_copy(image: str, user_host: str) -> RemoteScript:
-    """``docker save IMAGE | ssh NODE docker load``: streamed, never staged in /tmp."""
+def image_copy(image: str, user_host: str, *, port: int | None = None) -> RemoteScript:
+    """``docker save IMAGE | ssh [-p PORT] NODE docker load``: streamed, never staged in /tmp."""
     img = validate_image(image)
-    return piped(command("docker", "save", img), ssh_to(user_host, "docker", "load"),
+    return piped(command("docker", "save", img), ssh_to(user_host, "docker", "load", port=port),
                  summary=f"copy image {img} to {user_host.rpartition('@')[2]}")
 
 
 def python_in_image(image: str, program: str, *, gpus: bool = False) -> RemoteCommand:
     """Run the image's own Python once (``--rm``): what its vLLM knows, before 119 GB move. With
-    ``gpus`` it sees the GPU, so torch can say whether its build has kernels for it."""
+    ``gpus`` it sees the GPU, so torch can say whether its build has kernels for it. Mutating: it
+    creates a container on the node (and takes GPU memory while it runs), so read-only and plan-only
+    runs never send it."""
     img = validate_image(image)
     return command("docker", "run", "--rm", *(["--gpus", "all"] if gpus else []), "--entrypoint", "python3", img,
-                   "-c", program, summary=f"ask {img}'s own Python which engine versions and architectures it has")
+                   "-c", program, mutating=True,  # it creates (and removes) a container: a change, shown first
+                   summary=f"ask {img}'s own Python which engine versions and architectures it has")
 
 
 def hf_download_in_image(image: str, model: str, hf_dir: str, user: tuple[int, int] | None,
@@ -581,6 +691,88 @@ def http_post_json(url: str, body: str, timeout_s: int = 300) -> RemoteCommand:
         raise ValidationError(f"not a local URL: {url!r}")
     return command("curl", "-s", "--max-time", str(int(timeout_s)), "-X", "POST", url,
                    "-H", "Content-Type: application/json", "-d", body)
+
+
+# ---- the served endpoint's API key ----------------------------------------------------------------
+#
+# The key is a secret: its value is never in a command's text (commands are journaled and shown), never
+# in what the console prints, never in the state file. It is made on the head by the head's own shell
+# and stays there, in a file only the login user reads; every command that needs it has the node's
+# shell read that file. vLLM takes it from its environment (``VLLM_API_KEY``: vllm/entrypoints/openai/
+# api_server.py, ``if token := args.api_key or envs.VLLM_API_KEY``), so it is not on the engine's
+# command line either, which ``ps`` shows every user of the node and which vLLM logs among its
+# non-default arguments (``--api-key`` verbatim until vLLM PR #52523).
+
+API_KEY_ENV = "VLLM_API_KEY"
+# a random UUID per read (the kernel's CSPRNG: 122 random bits each); two make the key
+_KERNEL_UUID = "/proc/sys/kernel/random/uuid"
+
+
+def api_key_path(home: str) -> str:
+    """Where the head keeps the endpoint's key: ``~/.config/sparkconsole/api-key`` of the login user
+    (one key per head, kept across deployments and resumes, so clients keep working)."""
+    return validate_path(f"{home.rstrip('/')}/.config/sparkconsole/api-key")
+
+
+def make_api_key(path: str) -> RemoteScript:
+    """``umask 077 && mkdir -p DIR && { [ -s FILE ] || printf '%s%s\\n' "$(cat UUID)" "$(cat UUID)" >
+    FILE; }``: a key made on the node from the kernel's random UUIDs, readable by the login user only,
+    and an existing one kept (a resume, a second deployment: clients keep the key they have). The
+    key never crosses the network: nothing of it is in this text, and nothing comes back."""
+    p = validate_path(path)
+    f, d = shlex.quote(p), shlex.quote(p.rsplit("/", 1)[0] or "/")
+    text = (f"umask 077 && mkdir -p {d} && {{ [ -s {f} ] || "
+            f"printf '%s%s\\n' \"$(cat {_KERNEL_UUID})\" \"$(cat {_KERNEL_UUID})\" > {f}; }}")
+    return RemoteScript((), mutating=True, text=text,
+                        summary=f"keep an API key for the endpoint in {p} (made once, on the node, mode 600)")
+
+
+def with_key_from_file(cmd: RemoteCommand, path: str, name: str = API_KEY_ENV) -> RemoteScript:
+    """``k="$(cat FILE)" && [ -n "$k" ] && NAME="$k" docker run|exec -e NAME …``: ``cmd`` (a
+    ``docker run`` or ``docker exec``) with the key passed in its environment. ``-e NAME`` without a
+    value takes NAME from the docker client's environment, where the node's shell put what it read
+    from the file: the value is in no command line. A missing or empty file stops here (``cat``'s
+    error), never an engine started without the key. ``argv`` stays the docker command's, so what
+    reads a command's container name reads it as before."""
+    if cmd.argv[:2] not in (("docker", "run"), ("docker", "exec")) or cmd.env:
+        raise ValidationError("a key goes only into a docker run or docker exec")
+    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+        raise ValidationError(f"not a valid environment variable name: {name!r}")
+    keyed = RemoteCommand((*cmd.argv[:2], "-e", name, *cmd.argv[2:]), mutating=cmd.mutating, summary=cmd.summary)
+    f = shlex.quote(validate_path(path))
+    return RemoteScript(keyed.argv, mutating=cmd.mutating, text=f'k="$(cat {f})" && [ -n "$k" ] && '
+                        f'{name}="$k" {keyed.shell()}', summary=f"{cmd.summary} (the API key from {path})")
+
+
+def _bearer_from_file(path: str) -> str:
+    """The key as an ``Authorization`` header on curl's stdin (``-H @-``), read by the node's shell;
+    nothing when the file is absent (an engine without a key ignores the header)."""
+    f = shlex.quote(validate_path(path))
+    return f"{{ [ -s {f} ] && printf 'Authorization: Bearer %s\\n' \"$(cat {f})\"; }} | "
+
+
+def http_get_keyed(url: str, key_file: str, *, fail: bool = False) -> RemoteScript:
+    """:func:`http_get` with the head's API key as a header read from curl's stdin: never in the
+    node's process list nor in this text."""
+    return RemoteScript((), text=f"{_bearer_from_file(key_file)}{http_get(url, fail=fail).shell()} -H @-")
+
+
+def http_post_json_keyed(url: str, body: str, key_file: str, timeout_s: int = 300) -> RemoteScript:
+    """:func:`http_post_json` with the head's API key as a header read from curl's stdin."""
+    return RemoteScript((), text=f"{_bearer_from_file(key_file)}{http_post_json(url, body, timeout_s).shell()} -H @-")
+
+
+def http_status(url: str) -> RemoteCommand:
+    """``curl -s -o /dev/null -w '%{http_code}\\n' URL``: only the status a request without a key gets
+    (``000`` when nothing answers)."""
+    if not re.fullmatch(r"http://[A-Za-z0-9.:-]+(?:/[A-Za-z0-9._/-]*)?", url):
+        raise ValidationError(f"not a local URL: {url!r}")
+    return command("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}\\n", "--max-time", "10", url)
+
+
+def listening_tcp() -> RemoteCommand:
+    """``ss -ltn``: the node's listening TCP sockets and the address each is bound to."""
+    return command("ss", "-ltn")
 
 
 def serve_in_container(container: str, argv: list[str], log_path: str,

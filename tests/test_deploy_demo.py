@@ -190,7 +190,8 @@ def test_plan_only_on_stock_dgx_os_sends_nothing_a_stock_spark_would_refuse(tmp_
     assert "-e NCCL_IB_GID_INDEX=3 " in heads[0] and "-e NCCL_IB_GID_INDEX=5 " in heads[1]
     assert all("-e HF_HUB_OFFLINE=1 " in h for h in heads)
     carry = [e["command"] for e in planned if "ray_non_carry_over_env_vars.json" in e["command"]]
-    assert len(carry) == 1 and carry[0].endswith("""sh '["NCCL_IB_GID_INDEX"]'""")
+    # and the endpoint's API key (--auto's serve.access) stays on the head: no worker serves the API
+    assert len(carry) == 1 and carry[0].endswith("""sh '["NCCL_IB_GID_INDEX", "VLLM_API_KEY"]'""")
     runs = [e["command"] for e in planned if e["command"].startswith("docker run ") or "sh -c 'docker run " in e["command"]]
     assert runs and all("--entrypoint " in c for c in runs)
     assert not [e for e in events if e["event"] == "command" and e["mutating"]]
@@ -329,8 +330,10 @@ def test_an_ngc_image_without_ray_serves_by_vllms_native_multi_node(tmp_path):
     d = decisions(events)
     assert d["engine.image"]["answer"] == "nvcr.io/nvidia/vllm:26.05-py3"
     assert d["cluster.executor"]["answer"] == "native" and "Ray ABSENT" in " ".join(d["cluster.executor"]["measured"])
+    # the head's start (rank 0, the API) reads the endpoint's API key first: `... docker run -e VLLM_API_KEY -d`
     runs = [e["command"] for e in events if e["event"] == "command" and e["rc"] is None
-            and e["command"].startswith("docker run -d --name sparkconsole-vllm-")]
+            and re.search(r"(^|&& VLLM_API_KEY=\"\$k\" )docker run (-e VLLM_API_KEY )?-d --name sparkconsole-vllm-",
+                          e["command"])]
     assert len(runs) == 2 and all("--entrypoint vllm nvcr.io/nvidia/vllm:26.05-py3 serve Qwen/" in c for c in runs)
     assert not any("sparkconsole-ray-" in e.get("command", "") for e in events if e["event"] == "command")
     assert events[-1]["ok"] and events[-1]["tokens_per_s"]

@@ -194,11 +194,11 @@ def test_state_round_trips_atomically_private_and_without_secrets(tmp_path):
     path = store.save(st)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert "hf_CANARYCANARY123" not in path.read_text()
-    back = store.load()
+    back = store.load(cluster="demo")
     assert back.id == st.id and back.answers == {"plan.layout": "tp2"} and back.started[0].id == "abc"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     with pytest.raises(UserError):
-        StateStore(tmp_path / "none").load()
+        StateStore(tmp_path / "none").load(cluster="demo")
 
 
 # ---- commands --------------------------------------------------------------------------------------
@@ -208,11 +208,14 @@ def test_detached_job_and_its_check_are_quoted_and_parse_as_sh():
     text = detached("/home/nvidia/.cache/sparkconsole/abc", files,
                     rsync_dir("/home/nvidia/.cache/huggingface/hub/models--Q--M", "nvidia@192.168.200.13",
                               "/home/nvidia/.cache/huggingface/hub/models--Q--M")).shell()
-    assert text.startswith("mkdir -p /home/nvidia/.cache/sparkconsole/abc && ") and text.endswith("& echo $!")
+    assert text.startswith("mkdir -p /home/nvidia/.cache/sparkconsole/abc && ") and text.endswith("sleep 0.1; done; echo $!")
+    assert "< /dev/null & for i in " in text  # setsid alone in the background, then the wait for its pid file
     assert "setsid nohup sh -c " in text and "--partial -L --exclude blobs/" in text
     inner = shlex.split(text.split("setsid nohup sh -c ", 1)[1])[0]
     assert inner.endswith(f"echo $? > {files.rc}") and f"> {files.log} 2>&1" in inner
-    assert "kill -0 42" in job_check(files, 42).shell()
+    check = job_check(files).shell()
+    assert files.pid in check and "/proc/sys/kernel/random/boot_id" in check and "kill -0" not in check
+    assert f"{files.pid}" in inner.split(";")[2] and inner.startswith("read b < /proc/sys/kernel/random/boot_id")
     for bad in ("../x", "a b", "$(rm -rf /)"):
         with pytest.raises(ValidationError):
             JobFiles.under("/tmp/" + bad, "x")
@@ -296,6 +299,13 @@ class _Runner:
     async def read(self, node, cmd, timeout=None, quiet=False):
         return _Res(self._out)
 
+    # the image's own Python is run as a change (it creates a container), from the engine step's send
+    rehearsing = read_only = plan_only = False
+
+    async def change(self, node, cmd, timeout=None, key=None):
+        assert cmd.mutating
+        return _Res(self._out)
+
 
 def _flow(opt_image: str | None = None, engine_out: str = "", **facts):
     from sparkconsole.deploy.flow import Flow, Options
@@ -331,6 +341,7 @@ async def test_engine_step_reads_the_version_and_replans_under_its_rules():
     from sparkconsole.deploy.steps import Engine, Plan
     from sparkconsole.planner.plan import layout_row
 
+    await Engine(f).send()  # runs the image's Python (a change)
     await Engine(f).verify()
     assert f.plan.vllm_version == "0.17.0" and f.plan.plan_vllm_version == "0.17"
     (note,) = [n for n in r.notes if n.startswith("re-plan for the image's vLLM 0.17.0")]

@@ -251,7 +251,7 @@ async def test_oom_exactly_when_weights_exceed_what_is_free(margin_gib):
     run = ct.engine
     free = run.free_at_load[HEAD]
     assert abs(free - (w + margin_gib * GIB)) < 0.35 * GIB
-    log, _, _ = await sh(c, HEAD, "docker logs -f t", step=2.0)
+    log, _, _ = await sh(c, HEAD, "docker logs -f t 2>&1", step=2.0)  # tqdm's bars are on stderr
     report = parse_vllm_log(log)
     if w > free:
         assert "torch.OutOfMemoryError: CUDA out of memory" in log
@@ -319,7 +319,7 @@ async def test_the_whole_story_tp1_ooms_tp2_serves():
     # TP=1: the 116.6 GiB of weights do not fit one Spark
     await sh(c, HEAD, f"docker run -d --name tp1 --gpus all --network host vllm/vllm-openai:v0.17.0 "
                       f"{QWEN} --gpu-memory-utilization 0.85 --max-model-len 65536")
-    log, _, _ = await sh(c, HEAD, "docker logs -f tp1", step=2)
+    log, _, _ = await sh(c, HEAD, "docker logs -f tp1 2>&1", step=2)  # tqdm's bars are on stderr
     rep = parse_vllm_log(log)
     assert rep.state == "failed" and rep.failure_kind == "oom" and rep.shards_total == 40
     assert rep.vllm_version == "0.17.0"
@@ -399,7 +399,7 @@ async def test_docker_logs_tail_and_timestamps():
     lines = out.splitlines()
     assert rc == 0 and len(lines) == 5
     assert all(re.match(r"^2026-03-2\dT\d\d:\d\d:\d\d\.\d{9}Z \(APIServer pid=1\) ", ln) for ln in lines)
-    full = (await Shell(c, HEAD).capture("docker logs vllm-glm"))[0]
+    full = (await Shell(c, HEAD).capture("docker logs vllm-glm 2>&1"))[0]  # uvicorn's lines are on stderr
     rep = parse_vllm_log(full)
     assert rep.state == "ready" and rep.vllm_version == "0.14.1" and rep.port == 8000
 

@@ -166,7 +166,7 @@ async def test_docker_logs_follow_streams_as_sim_time_passes_and_stops_when_clos
                 if run.done():
                     break
             assert (await run).exit_status == 0
-            proc = await conn.create_process("docker logs -f --tail 0 q")
+            proc = await conn.create_process("docker logs -f --tail 0 q 2>&1")  # tqdm's bars are on stderr
             got: list[str] = []
             for _ in range(80):
                 clock.advance(2.0)

@@ -182,7 +182,7 @@ async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
         assert [a for a in asked if a[0] == "decision"] == [
             ("decision", d) for d in ("plan.layout", "engine.image", "free-memory.stop", "caches.drop",
                                       # stock nodes: what stays cached (root's to drop) re-fits the budget
-                                      "caches.fit", "cluster.executor")]
+                                      "caches.fit", "cluster.executor", "serve.access")]
         confirmed = [s for kind, s in asked if kind == "confirm"]
         for step in ("weights", "images", "free-memory", "caches", "cluster", "serve"):
             assert step in confirmed, (step, asked)
@@ -274,6 +274,10 @@ async def test_decisions_answered_by_keyboard_through_plan_and_engine(tmp_path):
         assert modal.options[0].value == modal.decision.recommended
         assert any(o.experimental and o.value == "sglang" for o in modal.options)
         await pilot.press("enter")
+        # the chosen image's own Python starts a container: a change, confirmed like any other (issue 23 item 10)
+        await until(pilot, app, lambda: isinstance(app.screen, StepConfirmScreen) and app.screen.step == "engine")
+        assert "--entrypoint python3" in app.screen.command_text
+        await pilot.press("y")
 
         await until(pilot, app, lambda: not wizard.running and wizard.run.result is not None)
         plan = wizard.run.view("plan")

@@ -106,6 +106,7 @@ class DeploymentPlan:
     # cluster
     executor: str | None = None
     # serve
+    access: str | None = None  # who may use the endpoint: api-key | local | open (serve.access)
     calibrated_longest_len: int | None = None
     failures: list[str] = field(default_factory=list)
     hang_waits: int = 0

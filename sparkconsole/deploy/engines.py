@@ -75,6 +75,24 @@ class EngineFacts:
     cuda: str | None = None  # torch.version.cuda
     device: str | None = None  # the GPU's compute capability ("12.1"), None when no GPU was given
     cuda_archs: tuple[str, ...] = ()  # torch.cuda.get_arch_list()
+    # True: what the image's name says (:func:`expected_facts`), its own Python not run (read-only,
+    # plan-only, or not yet): a guess the decision may go by, never a verification
+    expected: bool = False
+
+    def to_json(self) -> dict:
+        """What the plan keeps of it (``engine_checks[image]``, read by the cluster and weights steps)."""
+        out: dict = {"versions": self.versions, "archs": self.archs, "error": self.error, "clis": self.clis,
+                     "cuda": self.cuda, "device": self.device, "cuda_archs": list(self.cuda_archs)}
+        if self.expected:
+            out["expected"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, image: str, d: dict) -> EngineFacts:
+        return cls(image=image, versions=dict(d.get("versions") or {}), archs=dict(d.get("archs") or {}),
+                   error=str(d.get("error") or ""), clis=dict(d.get("clis") or {}), cuda=d.get("cuda"),
+                   device=d.get("device"), cuda_archs=tuple(d.get("cuda_archs") or ()),
+                   expected=bool(d.get("expected")))
 
     @property
     def vllm(self) -> str | None:
@@ -160,6 +178,7 @@ class KnownImage:
     version: str
     archs: tuple[str, ...]
     note: str
+    ray: bool | None = None  # the image has Ray (None: not known)
 
     def __post_init__(self) -> None:
         validate_image(self.ref)
@@ -172,11 +191,12 @@ QWEN35 = ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration
 # available" (vllm#30855). The vLLM >= 0.16 builds know Qwen3.5.
 KNOWN_IMAGES: tuple[KnownImage, ...] = (
     KnownImage("vllm/vllm-openai:v0.17.0-cu130", "vllm", "0.17.0", QWEN35,
-               "upstream vLLM 0.17.0, CUDA 13 build (Blackwell); has Ray; loads Qwen3.5-122B-A10B-FP8 at TP=2"),
+               "upstream vLLM 0.17.0, CUDA 13 build (Blackwell); has Ray; loads Qwen3.5-122B-A10B-FP8 at TP=2",
+               ray=True),
     KnownImage("nvcr.io/nvidia/vllm:26.03-py3", "vllm", "0.17.1", QWEN35,
-               "NVIDIA's GB10 build (vLLM 0.17.1, CUDA 13); has Ray"),
+               "NVIDIA's GB10 build (vLLM 0.17.1, CUDA 13); has Ray", ray=True),
     KnownImage("nvcr.io/nvidia/vllm:26.05-py3", "vllm", "0.20.1", QWEN35,
-               "NVIDIA's GB10 build (vLLM 0.20.1, CUDA 13); no Ray: vLLM's native multi-node"),
+               "NVIDIA's GB10 build (vLLM 0.20.1, CUDA 13); no Ray: vLLM's native multi-node", ray=False),
     KnownImage("lmsysorg/sglang:v0.5.9-cu130", "sglang", "0.5.9", QWEN35,
                "experimental on Spark: validated at --mem-fraction-static 0.70; two-node NCCL start may hang"),
 )
@@ -184,6 +204,39 @@ KNOWN_IMAGES: tuple[KnownImage, ...] = (
 
 def known(ref: str) -> KnownImage | None:
     return next((k for k in KNOWN_IMAGES if k.ref == ref), None)
+
+
+# The vLLM release that first registers an architecture (vLLM's registry only grows): an image's
+# version, read from its name, then says yes or no without running it. Qwen3.5 arrived in 0.16
+# (deploy-failures.md §7: the story's 0.14 image refuses it).
+ARCH_SINCE_VLLM = {"Qwen3_5MoeForConditionalGeneration": "0.16", "Qwen3_5ForConditionalGeneration": "0.16"}
+
+
+def expected_facts(ref: str, architectures: tuple[str, ...] | list[str]) -> EngineFacts:
+    """What an image's name says it can do, without running it (``expected``): the version from a
+    known image or its tag (:func:`version_from_ref`), the architectures a known image was seen to
+    serve or that its vLLM version registers (:data:`ARCH_SINCE_VLLM`), Ray as the known list says.
+    ``hf`` is expected in any vLLM or SGLang image: both depend on huggingface_hub, whose CLI is
+    ``hf`` (the sim's images and the captured ones have it). Used where running the image is not
+    allowed (read-only, plan-only) or has not happened yet; the engine step's own check replaces it."""
+    k = known(ref)
+    sglang = k.engine == "sglang" if k is not None else "sglang" in ref.rpartition(":")[0].rsplit("/", 1)[-1]
+    f = EngineFacts(image=ref, expected=True)
+    version = k.version if k is not None else None if sglang else version_from_ref(ref)
+    f.versions["sglang" if sglang else "vllm"] = version
+    for a in architectures:
+        if k is not None and a in k.archs:
+            f.archs[a] = True
+        elif not sglang and version and a in ARCH_SINCE_VLLM:
+            f.archs[a] = version_tuple(version) >= version_tuple(ARCH_SINCE_VLLM[a])
+        else:
+            f.archs[a] = None
+    f.clis["hf"] = "hf"
+    if not sglang:
+        f.clis["vllm"] = "vllm"
+    if k is not None and k.ray is not None:
+        f.clis["ray"] = "ray" if k.ray else None
+    return f
 
 
 def version_tuple(v: str | None) -> tuple[int, ...]:

@@ -24,8 +24,10 @@ from sparkconsole.deploy.runner import Runner, StepFailed
 from sparkconsole.errors import UserError
 from sparkconsole.planner.spec import ModelSpec, load_spec, spec_from_hub_files
 from sparkconsole.remote import (
+    api_key_path,
     docker_state,
     http_get,
+    http_get_keyed,
     hub_file,
 )
 
@@ -214,9 +216,18 @@ class Flow:
         return exits.parse_states(res.stdout, res.stderr, [name]).get(name)
 
     async def serving(self) -> bool:
-        """The head already answers /v1/models with this deployment's served name."""
-        res = await self.runner.read(self.head, http_get(f"http://127.0.0.1:{self.options.port}/v1/models"), quiet=True)
+        """The head already answers /v1/models with this deployment's served name. The head's API key
+        goes along when it has one (an engine started with a key answers /v1 with 401 without it; one
+        without a key ignores the header), so a keyed engine is known as serving on a resume."""
+        url = f"http://127.0.0.1:{self.options.port}/v1/models"
+        key = self.api_key_file if self.head in self.facts else None
+        res = await self.runner.read(self.head, http_get_keyed(url, key) if key else http_get(url), quiet=True)
         return res.ok and f'"{self.served_name}"' in res.stdout
+
+    @property
+    def api_key_file(self) -> str:
+        """Where the head keeps the served endpoint's API key (its login user's home, as recon read it)."""
+        return api_key_path(self.fact(self.head).home or "/root")
 
     @property
     def served_name(self) -> str:

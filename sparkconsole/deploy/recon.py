@@ -52,7 +52,11 @@ INSTALL = {  # how to add each on DGX OS (Ubuntu); hf is not on DGX OS and syste
     "ss": "sudo apt-get install -y iproute2",
     "hf": "curl -LsSf https://astral.sh/uv/install.sh | sh, then `uvx hf` (or `uv tool install huggingface_hub`)",
 }
-DISK_TEXT = f"mkdir -p {_HF_DIR}/hub && df -B1 -P {_HF_DIR}"
+# Free space where the weights will go, read without making anything: recon is read-only (it runs
+# under --read-only and --plan-only too), so where the cache's hub folder does not exist yet, the
+# nearest folder above it that does is measured (a folder made later lands on that file system).
+DISK_TEXT = (f"d={_HF_DIR}/hub; while [ ! -d \"$d\" ] && [ \"$d\" != / ]; do d=$(dirname \"$d\"); done; "
+             'df -B1 -P "$d"')
 TOKEN_TEXT = (f'if [ -n "${{HF_TOKEN:-}}" ] || [ -s {_HF_DIR}/token ]; then echo yes; else echo no; fi')
 GIDS_TEXT = ("grep -H . /sys/class/infiniband/*/ports/1/gids/* /sys/class/infiniband/*/ports/1/gid_attrs/types/* "
              "2>/dev/null")

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import posixpath
 import time
+import uuid
 
 from sparkconsole.sim.model import (
     CLOCK_MAX_SM,
@@ -75,6 +77,20 @@ def uptime(c: SimCluster, node: str, t: float) -> str:
     up = c.uptime(node, t)
     idle = up * CPUS * 0.93
     return f"{up:.2f} {idle:.2f}\n"
+
+
+def proc_stats(c: SimCluster, node: str) -> dict[str, str]:
+    """``/proc/PID/stat`` of every process (proc(5)): field 22, ``starttime``, is when it started in
+    clock ticks (USER_HZ 100) since boot; with the boot id it tells a job from a stranger that took its
+    pid. The other fields are plausible constants (the console reads only 22)."""
+    up0 = c.nodes[node].boot_uptime
+    out = {}
+    for p in c.proc_table(node).procs.values():
+        comm = posixpath.basename(p.argv[0])[:15] if p.argv else "sh"
+        start = int((up0 + p.started) * 100)
+        out[f"/proc/{p.pid}/stat"] = (f"{p.pid} ({comm}) S {p.ppid} {p.pgid} {p.sid} 0 -1 4194560 120 0 0 0 "
+                                      f"1 0 0 0 20 0 1 0 {start} 2514944 215 18446744073709551615\n")
+    return out
 
 
 def loadavg(c: SimCluster, node: str, t: float) -> str:
@@ -277,6 +293,10 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
             files.update(_gids(n, i, p))
     files["/proc/meminfo"] = meminfo(c, node, t)
     files["/proc/uptime"] = uptime(c, node, t)
+    files["/proc/sys/kernel/random/boot_id"] = c.boot_id(node) + "\n"
+    # a new random UUID at every read (the kernel's CSPRNG): what the head's API key is made from
+    files["/proc/sys/kernel/random/uuid"] = str(uuid.uuid4()) + "\n"
+    files.update(proc_stats(c, node))
     files["/proc/loadavg"] = loadavg(c, node, t)
     files["/etc/hostname"] = node + "\n"
     files["/proc/sys/vm/drop_caches"] = "0\n"

@@ -34,6 +34,7 @@ import functools
 import hashlib
 import ipaddress
 import math
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -473,6 +474,9 @@ class EngineRun:
     rendezvous: tuple[str, int] | None = None  # native: the TCPStore (master-addr, master-port) it hosts
     rendezvous_at: float | None = None  # native: when rank 0 starts waiting for the other ranks
     serve_args: Any = None  # native: the head's parsed arguments (planned again when a rank joins late)
+    host: str = "0.0.0.0"  # --host: where the API server listens (127.0.0.1: this node's own clients only)
+    # --api-key, else VLLM_API_KEY of its environment: /v1 then wants ``Authorization: Bearer KEY``
+    api_key: str | None = None
 
     @property
     def world(self) -> int:
@@ -669,6 +673,7 @@ class RayMember:
     since: float
     head: bool
     container: str | None = None
+    dashboard_host: str = "127.0.0.1"  # `ray start --dashboard-host` (Ray's default: localhost)
     cpus: float = float(CPUS)
     gpus: float = 1.0
     memory_gib: float = 110.88
@@ -712,7 +717,8 @@ class SimNode:
     models: dict[str, int] = field(default_factory=dict)  # repo -> bytes on disk at t=0
     port1_up: bool = True
     lost_at: float | None = None
-    boot_uptime: float = 0.0  # uptime at sim t=0
+    boot_uptime: float = 0.0  # uptime at sim t=0 (after a reboot: minus the sim time it rebooted at)
+    boots: int = 0  # reboots so far: the boot id changes with each
     drop_times: list[float] = field(default_factory=list)
     evictions: list[tuple[float, str]] = field(default_factory=list)  # (t, file) dropped by dd iflag=nocache
     files: dict[str, str] = field(default_factory=dict)  # extra read-only virtual files (tests)
@@ -1172,6 +1178,23 @@ class SimCluster:
         n.lost_at = t
         for listener in list(self.lost_listeners):
             listener(self, node, t)
+
+    def reboot(self, node: str, next_pid: int | None = None) -> None:
+        """``node`` restarts now: every process ends, the boot id changes, uptime starts at 0 and pids
+        count up from the start again (``next_pid``: the first pid handed out, so a test can make a
+        stranger take a job's pid, as happens after a real reboot). Files on disk stay."""
+        n = self.nodes[node]
+        table = self.proc_table(node)
+        table.kill_all()
+        table.procs.clear()  # a reboot leaves no process behind, not even one still unwinding
+        table.restart_pids(next_pid)
+        n.boots += 1
+        n.boot_uptime = -self.now()
+
+    def boot_id(self, node: str) -> str:
+        """``/proc/sys/kernel/random/boot_id``: a random UUID the kernel makes at each boot."""
+        n = self.nodes[node]
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"sparkconsole-sim/{n.name}/{n.index}/boot/{n.boots}"))
 
     def evict(self, node: str, path: str, t: float | None = None) -> None:
         """``dd if=PATH iflag=nocache count=0``: the file's pages leave the page cache (no root needed)."""

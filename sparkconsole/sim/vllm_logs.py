@@ -293,6 +293,27 @@ SUPPORTED_ARCHS_014 = [
 # ---- the plan ----------------------------------------------------------------------------------
 
 
+class ErrLine(LogLine):
+    """A line the process wrote to stderr: ``docker logs`` gives it on stderr (an engine run to a file
+    with ``> LOG 2>&1`` has both in the file, in the order written)."""
+
+
+# The envelope vLLM puts before every line of a process (``(APIServer pid=1) ``, a Ray worker's two).
+_ENVELOPE = re.compile(r"(?:\([A-Za-z_0-9]+ pid=\d+(?:, ip=[0-9.]+)?\) )*")
+# uvicorn's own logger (``INFO:     Started server process [1]``): its default handler is stderr
+# (uvicorn's access log, ``INFO:     127.0.0.1:… - "POST …"``, goes to stdout).
+_UVICORN = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s{2,}(?![0-9.]+:\d+ - \")\S")
+# tqdm's bars (the checkpoint shards, CUDA graph capture): tqdm writes to stderr
+_TQDM = re.compile(r"[^|]*: *\d+%(?: Completed )?\|")
+
+
+def on_stderr(text: str) -> bool:
+    """Whether a real ``vllm serve`` writes this line to stderr: uvicorn's start-up and shutdown lines
+    and tqdm's progress bars do; vLLM's own logger writes to stdout."""
+    body = text[_ENVELOPE.match(text).end():]  # type: ignore[union-attr]  # the pattern matches "" at least
+    return bool(_UVICORN.match(body) or _TQDM.match(body))
+
+
 class _Script:
     def __init__(self, cluster: SimCluster, t0: float) -> None:
         self.cluster = cluster
@@ -300,7 +321,7 @@ class _Script:
         self.lines: list[LogLine] = []
 
     def raw(self, dt: float, text: str) -> None:
-        self.lines.append(LogLine(self.t0 + dt, text))
+        self.lines.append((ErrLine if on_stderr(text) else LogLine)(self.t0 + dt, text))
 
     def log(self, dt: float, prefix: str, level: str, src: str, msg: str) -> None:
         self.raw(dt, f"{prefix}{level} {stamp(self.cluster, self.t0 + dt)} [{src}] {msg}")
@@ -413,6 +434,7 @@ def rank_joined(cluster: SimCluster, container) -> bool:
         c.engine = None  # the old plan holds the head's port: re-plan without it
         c.engine = plan_serve(cluster, cluster.node(c.node), c.name, run.version, run.serve_args, run.started,
                               pid_api=run.pid_api, activity=run.activity)
+        c.engine.api_key = c.engine.api_key or run.api_key  # the same process: the key of its environment
         return True
     return False
 
@@ -532,6 +554,12 @@ def plan_serve(
     from sparkconsole.sim.serve_plan import ServePlan  # it builds on this module's formats and frames
 
     run = ServePlan(cluster, node, container, version, args, t0, pid_api, activity, driver_env=driver_env).plan()
+    run.host = args.host
+    # vllm/entrypoints/openai/api_server.py: `if token := args.api_key or envs.VLLM_API_KEY:` installs
+    # the key check on /v1 (the flag first, then the environment; an empty value is no key)
+    flag = args.extra.get("api_key")
+    run.api_key = (flag if isinstance(flag, str) and flag else None) or (
+        driver_env.env.get("VLLM_API_KEY") if driver_env is not None else None) or None
     losses = sorted((cluster.node(n).lost_at, n) for n in run.nodes[1:] if cluster.node(n).lost_at is not None)
     if losses:
         lost_at, name = losses[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 from sparkconsole.deploy import exits
 from sparkconsole.deploy.decisions import Decision, Option
@@ -11,6 +12,9 @@ from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.deploy.state import Started
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.probe.parsers import parse_ray_status
+
+if TYPE_CHECKING:
+    from sparkconsole.deploy.flow import Flow
 from sparkconsole.remote import (
     RemoteCommand,
     docker_exec,
@@ -25,6 +29,38 @@ DOCKER_OPTS = ["--network", "host", "--ipc", "host", "--gpus", "all", "--device"
                "--ulimit", "memlock=-1", "--shm-size", "16g"]
 
 
+async def adopt_or_clear(flow: Flow, n: str, name: str, st: exits.ContainerState | None) -> bool:
+    """Before ``docker run --name NAME`` on ``n``: what to do with the container of that name that
+    is already there (``st``, as ``docker inspect`` read it; None: the node did not say). The name
+    carries this deployment's id, so such a container is ours: a ``docker run`` whose result was
+    lost (the connection dropped, the console was killed before the state was saved) created it
+    without it being recorded, so teardown would never remove it and every later ``docker run`` of
+    the name would fail on the conflict.
+
+    Running: *adopted*: recorded in ``started`` (teardown removes it) and True, so it is not started
+    twice (it runs the very command that would be sent again; its log is followed from its start).
+    Created, exited or dead: *removed* (a change, shown and confirmed with the step's others: its
+    name blocks the start, and an engine that ended has nothing to give), and False: start it."""
+    runner = flow.runner
+    ours = any(s.node == n and s.name == name for s in runner.state.started)
+    if st is not None and st.status == "running":
+        if not ours:
+            runner.state.started.append(Started(n, "container", name))
+            runner.save()
+            runner.note(f"{name} already runs on {n}: started by this deployment, its result lost before it was "
+                        "recorded; adopted (recorded for teardown), not started twice", "warning", n)
+        return True
+    if st is not None and not st.missing:
+        runner.note(f"{name} on {n} is {st.status or 'there'}"
+                    + (f" (exit {st.exit_code})" if st.status in ("exited", "dead") else "")
+                    + ": a start of this deployment that did not run on; removed so the name is free", "warning", n)
+        await runner.change(n, docker_rm_force(name))
+        if ours:
+            runner.state.started[:] = [s for s in runner.state.started if not (s.node == n and s.name == name)]
+            runner.save()
+    return False
+
+
 class Cluster(Step):
     id, title = "cluster", "Ray head and workers, every GPU seen"
     decisions = ("cluster.executor",)
@@ -33,9 +69,12 @@ class Cluster(Step):
     _states: dict[str, exits.ContainerState | None] = {}  # node -> its Ray container, as the probe read it
 
     def _image_has_ray(self) -> bool | None:
-        """What the engine check read: the image's ``ray`` module and command (None: not asked)."""
+        """What the engine check read: the image's ``ray`` module and command (None: not asked). Where
+        the image was not run (read-only, plan-only) the known images' list says it, or nothing."""
         check = (self.flow.plan.engine_checks or {}).get(self.flow.image) or {}
         clis, versions = check.get("clis") or {}, check.get("versions") or {}
+        if check.get("expected"):
+            return bool(clis["ray"]) if "ray" in clis else None
         if "ray" not in clis and "ray" not in versions:
             return None
         return bool(clis.get("ray")) and bool(versions.get("ray"))
@@ -57,9 +96,11 @@ class Cluster(Step):
         rec = self.flow.options.executor or ("native" if has_ray is False else "ray")
         why = ("Ray is what NVIDIA's playbook and the story's working run use" if has_ray is not False else
                "the image has no Ray; vLLM's native multi-node needs none")
+        by_name = bool(((self.flow.plan.engine_checks or {}).get(self.flow.image) or {}).get("expected"))
         d = Decision("cluster.executor", self.id, "How the nodes join: Ray or vLLM's native multi-node",
                      (f"{len(self.flow.nodes)} nodes, TP={self.flow.plan.tp}",
-                      f"{self.flow.image}: Ray " + {True: "present", False: "ABSENT", None: "not checked"}[has_ray]),
+                      f"{self.flow.image}: Ray " + {True: "present", False: "ABSENT", None: "not checked"}[has_ray]
+                      + (" (by its name: the image was not run)" if by_name and has_ray is not None else "")),
                      tuple(options), rec, why)
         answer = await self.runner.decide(d)
         if answer == "back-engine":
@@ -71,7 +112,13 @@ class Cluster(Step):
         flow = self.flow
         ip = flow.ip(n)
         if n == flow.head:
-            args = ["start", "--block", "--head", f"--node-ip-address={ip}", f"--port={RAY_PORT}"]
+            # Ray's ports take no authentication and its GCS listens on every interface (--node-ip-address
+            # is the address it gives out, not a bind), so the cluster belongs on a trusted network. What
+            # can be bound is: the dashboard (it submits jobs, that is, runs code) on 127.0.0.1, named
+            # rather than left to the image's Ray (`ray start --dashboard-host`: "either localhost
+            # (127.0.0.1) or 0.0.0.0 (available from all interfaces)", docs.ray.io cluster/cli.html)
+            args = ["start", "--block", "--head", f"--node-ip-address={ip}", f"--port={RAY_PORT}",
+                    "--dashboard-host=127.0.0.1"]
         else:
             args = ["start", "--block", f"--address={flow.ip(flow.head)}:{RAY_PORT}", f"--node-ip-address={ip}"]
         hf = flow.fact(n).hf_dir
@@ -123,17 +170,10 @@ class Cluster(Step):
             return
         name = flow.container("ray")
         for n in flow.nodes:
-            # the name carries this deployment's id: a container of that name is ours (a run killed
-            # between `docker run` and saving the state left it unrecorded)
             st = self._states[n] if n in self._states else await self.flow.inspect(n, name)
-            ours = any(s.node == n and s.name == name for s in self.runner.state.started)
-            if st is not None and st.status == "running":
-                if not ours:
-                    self.runner.state.started.append(Started(n, "container", name))
-                    self.runner.save()
+            if await adopt_or_clear(self.flow, n, name, st):
                 continue
-            if st is not None and not st.missing:
-                await self.runner.change(n, docker_rm_force(name))
+            ours = any(s.node == n and s.name == name for s in self.runner.state.started)
             res = await self.runner.change(n, self._ray_cmd(n), timeout=300)
             if not res.ok:
                 err = res.stderr.strip()

@@ -1,4 +1,14 @@
-"""Engine: does the image's vLLM (or SGLang) know the model's architecture? Offer known-good images."""
+"""Engine: does the image's vLLM (or SGLang) know the model's architecture? Offer known-good images.
+
+The one sure answer is the image's own Python (``docker run --rm IMAGE python3 -c …``), and running
+it is a change: it creates a container (and takes the GPU while it runs). So it is sent from
+``send``, like every change: shown first (``--plan-only`` prints it), confirmed, journaled, and never
+sent read-only or plan-only. The decision goes by what this deployment already measured and, for an
+image not run yet, by what its name says (:func:`engines.expected_facts`: a known image, or the vLLM
+version in its tag); ``send`` then runs the chosen image's Python and ``verify`` judges it. An image
+that turns out not to serve the model sends the flow back to this step, where the decision is asked
+again with the measurement in hand.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +16,7 @@ from sparkconsole.deploy import engines
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.deployment_plan import ImageChoice
 from sparkconsole.deploy.recon import normalize_image
-from sparkconsole.deploy.runner import StepFailed
+from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.deploy.steps.plan import Plan
 from sparkconsole.planner.plan import layout_row
@@ -20,17 +30,43 @@ class Engine(Step):
     id, title = "engine", "Engine: does the image know the model?"
     decisions = ("engine.image",)
 
+    def _archs(self) -> tuple[str, ...]:
+        return tuple(self.flow.spec.geometry.architectures) or engines.QWEN35[:1]
+
     async def _check(self, node: str, image: str) -> engines.EngineFacts:
-        archs = tuple(self.flow.spec.geometry.architectures) or engines.QWEN35[:1]
+        """Run the image's own Python once on ``node`` and keep what it said (``engine_checks``). A
+        change (:func:`python_in_image` is mutating): only ``send`` calls this, so the runner shows it,
+        has it confirmed, journals it, refuses it read-only; rehearsing, nothing runs and nothing is kept."""
         # with the GPU where recon read one: only then can torch say whether its build has kernels for it
-        cmd = python_in_image(image, engines.engine_program(archs), gpus=bool(self.flow.fact(node).gpu))
-        res = await self.runner.read(node, cmd, timeout=180)
+        cmd = python_in_image(image, engines.engine_program(self._archs()), gpus=bool(self.flow.fact(node).gpu))
+        res = await self.runner.change(node, cmd, timeout=180)
+        if self.runner.rehearsing:
+            return engines.EngineFacts(image=image)
         ef = engines.parse_engine_output(image, res.stdout + res.stderr, res.exit_status)
-        checked = dict(self.flow.plan.engine_checks or {})
-        checked[image] = {"versions": ef.versions, "archs": ef.archs, "error": ef.error, "clis": ef.clis,
-                          "cuda": ef.cuda, "device": ef.device, "cuda_archs": list(ef.cuda_archs)}
-        self.flow.update(engine_checks=checked)
+        self._keep(ef)
         return ef
+
+    def _keep(self, ef: engines.EngineFacts) -> None:
+        checked = dict(self.flow.plan.engine_checks or {})
+        checked[ef.image] = ef.to_json()
+        self.flow.update(engine_checks=checked)
+
+    def _measured(self, image: str) -> engines.EngineFacts | None:
+        """What the image's own Python said earlier in this deployment (None: never run)."""
+        d = (self.flow.plan.engine_checks or {}).get(image)
+        return None if not d or d.get("expected") else engines.EngineFacts.from_json(image, d)
+
+    def _facts(self, image: str) -> engines.EngineFacts:
+        """The image as far as it is known without running anything: measured, else by its name."""
+        return self._measured(image) or engines.expected_facts(image, self._archs())
+
+    def _not_run_why(self) -> str | None:
+        """Why this run may not run an image's Python (None: it may)."""
+        if self.runner.plan_only:
+            return "plan-only sends no change"
+        if self.runner.read_only:
+            return "read-only sends no change"
+        return None
 
     async def decide(self) -> None:
         flow = self.flow
@@ -41,24 +77,43 @@ class Engine(Step):
         candidates = [flow.options.image] if flow.options.image else sorted(
             (i.ref for i in head.images if "vllm" in i.ref or "sglang" in i.ref), reverse=True)
         measured, good = [], []
+        unchecked, maybe = [], []  # not run yet; of those, vLLM images whose name does not say
         for img in candidates:
             if normalize_image(img) not in present:
                 measured.append(f"{img}: not on any node yet")
                 continue
-            ef = await self._check(flow.head if head.image(img) else self._holder(img), img)
+            ef = self._facts(img)
             if ef.error:
                 measured.append(f"{img}: could not run its Python ({ef.error})")
                 continue
             knows = ef.knows(arch)
             gpu = ef.gpu_verdict()
-            measured.append(f"{img}: vLLM {ef.vllm or '-'}, transformers {ef.versions.get('transformers') or '-'}"
-                            f", SGLang {ef.versions.get('sglang') or '-'}: {arch} "
-                            f"{'registered' if knows else 'NOT registered' if knows is False else 'unknown'}; "
-                            + _build_words(ef))
+            verdict = 'registered' if knows else 'NOT registered' if knows is False else 'unknown'
+            if ef.expected:
+                unchecked.append(img)
+                since = engines.ARCH_SINCE_VLLM.get(arch)
+                measured.append(f"{img}: vLLM {ef.vllm or '?'}, SGLang {ef.versions.get('sglang') or '-'} by its name"
+                                f" (its own Python not run yet): {arch} {verdict}"
+                                + (f" (vLLM registers it from {since} on)" if since and ef.vllm else ""))
+            else:
+                measured.append(f"{img}: vLLM {ef.vllm or '-'}, transformers {ef.versions.get('transformers') or '-'}"
+                                f", SGLang {ef.versions.get('sglang') or '-'}: {arch} {verdict}; " + _build_words(ef))
             if knows and ef.vllm and gpu is None:  # an SGLang image is offered as the SGLang engine, below
                 good.append((engines.version_tuple(ef.vllm), img))
-        options = [Option(img, f"{img} (on the nodes, knows {arch})", "already here: nothing to pull",
+            elif ef.expected and knows is None and "vllm" in ef.versions:
+                maybe.append(img)
+        why_not = self._not_run_why()
+        if why_not and unchecked:
+            self.runner.note(f"not checked: the own Python of {', '.join(unchecked)} (its vLLM, whether it registers "
+                             f"{arch}, its CUDA build, Ray, hf): running it starts a container and {why_not}; the "
+                             "choice goes by the images' names", "warning")
+        options = [Option(img, f"{img} (on the nodes, knows {arch})", "already here: nothing to pull"
+                          + ("" if self._measured(img) else "; its own Python is run before anything is copied"),
                           payload=ImageChoice("vllm", img)) for _, img in sorted(good, reverse=True)]
+        # on the nodes, and its name does not say: trying it costs one run of its Python, not a pull
+        options += [Option(img, f"{img} (on the nodes; {arch} unknown until its Python runs)",
+                           "its own Python is run before anything is copied; if it does not register "
+                           f"{arch}, this step asks again", payload=ImageChoice("vllm", img)) for img in maybe]
         for k in engines.KNOWN_IMAGES:
             if k.engine == "vllm" and all(o.value != k.ref for o in options) and arch in k.archs:
                 options.append(Option(k.ref, f"{k.ref} (vLLM {k.version}, known to work)",
@@ -71,12 +126,19 @@ class Engine(Step):
                                   payload=ImageChoice("sglang", sg.ref)))
         rec = options[0].value
         why = (f"{options[0].value} knows {arch}" if good else
+               f"{rec} is on the nodes and may know {arch} (its name does not say): its own Python is run first, "
+               "and this step asks again if it does not" if maybe else
                f"no image on the nodes knows {arch}; {rec} does (pinned by its image ID after the pull)")
         d = Decision("engine.image", self.id, "Engine compatibility: which image serves the model",
                      tuple(measured), tuple(options), rec, why, free_text=True,
                      parse=lambda ref: ImageChoice("vllm", ref))  # an image the operator names
         choice: ImageChoice = await self.runner.choose(d)
         flow.update(engine=choice.engine, image=choice.ref)
+        # chosen with its own Python's verdict in hand: a failed check then stops instead of asking again
+        self._chosen_measured = self._measured(choice.ref) is not None
+        if not self._chosen_measured:
+            # what the later steps read (Ray, hf) until send runs the image, or for good read-only / plan-only
+            self._keep(engines.expected_facts(choice.ref, self._archs()))
 
     def _holder(self, image: str) -> str:
         for n, x in self.flow.facts.items():
@@ -85,7 +147,10 @@ class Engine(Step):
         return self.flow.head
 
     async def send(self) -> None:
+        """Pull the image where none has it, then run its own Python once (a change; skipped when this
+        deployment ran it before, when the model is already served, and read-only: said as not checked)."""
         img = self.flow.image
+        node = None
         if not any(x.image(img) for x in self.flow.facts.values()):
             src = next((n for n, x in self.flow.facts.items() if x.hub), None)
             if src is None:
@@ -95,21 +160,44 @@ class Engine(Step):
             if not res.ok:
                 raise StepFailed(f"{src}: docker pull {img} failed: {res.stderr.strip()[-300:]}")
             await self.flow.recon([src])
+            node = src  # where it was pulled (rehearsing, recon cannot see it yet)
+        if self._measured(img) is not None:
+            return
+        if await self.flow.serving():
+            # a run again over a served model: nothing will be started (the later steps see it served),
+            # so the check would change a node for nothing
+            self.runner.note(f"not checked: {img}'s own Python: the model is already served on port "
+                             f"{self.flow.options.port}, so nothing will be started")
+            return
+        if self.runner.read_only:
+            self.runner.note(f"not checked: {img}'s own Python (its vLLM, whether it registers the model's "
+                             "architecture, its CUDA build, Ray): running it starts a container, and read-only sends "
+                             "no change; the image was chosen by its name", "warning")
+            return
+        head = self.flow.head
+        node = node or (head if self.flow.fact(head).image(img) else self._holder(img))
+        await self._check(node, img)
 
     async def verify(self) -> None:
         flow = self.flow
         img = flow.image
         arch = (flow.spec.geometry.architectures or ["?"])[0]
-        ef = await self._check(self._holder(img), img)
+        ident = next((i.id for x in flow.facts.values() for i in x.images if normalize_image(i.ref) == normalize_image(img)),
+                     "")
+        flow.update(image_id=ident)
+        ef = self._measured(img)
+        if ef is None:  # not run (read-only, already served): send said so; the choice stands by the name
+            return
         gpu = ef.gpu_verdict()
         if ef.error or not ef.knows(arch) or gpu:
             self.runner.forget("engine.image")
             why = (f"its Python could not be run ({ef.error})" if ef.error else gpu if gpu else
                    f"its {flow.engine} ({ef.vllm or ef.versions.get('sglang') or '-'}) does not register {arch}")
-            raise StepFailed(f"{img}: {why}", "choose another image: --resume and answer engine.image, or --image IMG")
-        ident = next((i.id for x in flow.facts.values() for i in x.images if normalize_image(i.ref) == normalize_image(img)),
-                     "")
-        flow.update(image_id=ident)
+            if getattr(self, "_chosen_measured", True):
+                raise StepFailed(f"{img}: {why}",
+                                 "choose another image: --resume and answer engine.image, or --image IMG")
+            # chosen by its name: ask again, now with what its own Python said
+            raise GoTo("engine", f"{img}: {why}")
         self.runner.note(f"{img}: vLLM {ef.vllm or '-'}, SGLang {ef.versions.get('sglang') or '-'}, "
                     f"{arch} registered; {_build_words(ef)}; image ID {ident[:19]}")
         if flow.engine == "vllm" and ef.has("ray") is False and flow.executor == "ray":

@@ -33,7 +33,9 @@ class FreeMemory(Step):
         flow = self.flow
         facts = await flow.recon(flow.nodes)  # fresh numbers: services kept serving while weights moved
         need = {n: int(v) for n, v in (flow.plan.need or {}).items()}
-        choices = {n: freeing.choose(facts[n], need.get(n, 0)) for n in flow.nodes}
+        # the search runs in a worker thread, once per node per decision: the UI and every SSH keepalive
+        # keep running meanwhile (issue 23 item 11: a node with 25 containers froze both)
+        choices = await freeing.choose_all(facts, need, flow.nodes)
         measured = []
         for n, c in choices.items():
             held = freeing.service_bytes(facts[n])

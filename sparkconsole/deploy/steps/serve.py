@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import calendar
 import json
+import re
 import time
 from typing import Any
 
@@ -14,12 +16,13 @@ from sparkconsole.deploy.flow import GIB
 from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.deploy.state import Started
 from sparkconsole.deploy.steps.base import Step
-from sparkconsole.deploy.steps.cluster import DOCKER_OPTS
+from sparkconsole.deploy.steps.cluster import DOCKER_OPTS, adopt_or_clear
 from sparkconsole.deploy.steps.memory import drop_page_cache
 from sparkconsole.logs.follow import display_text
 from sparkconsole.logs.vllm import VllmLogTracker
 from sparkconsole.planner.plan import PlanOptions
 from sparkconsole.remote import (
+    API_KEY_ENV,
     RemoteCommand,
     and_then,
     command,
@@ -27,10 +30,12 @@ from sparkconsole.remote import (
     docker_rm_force,
     docker_run,
     docker_state,
-    file_from,
+    file_chunk,
+    make_api_key,
     mkdir_p,
     serve_in_container,
     validate_path,
+    with_key_from_file,
     write_in_container,
 )
 
@@ -39,10 +44,112 @@ from sparkconsole.remote import (
 VLLM_CONFIG_ROOT = "/root/.config/vllm"
 NON_CARRY_OVER = f"{VLLM_CONFIG_ROOT}/ray_non_carry_over_env_vars.json"
 
+# ``docker logs -t``: each line after the time docker read it, RFC 3339 with nanoseconds
+_STAMPED = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)(?: (.*))?")
+
+
+def _stamp_ns(date: str, frac: str | None, zone: str) -> int:
+    secs = calendar.timegm(time.strptime(date, "%Y-%m-%dT%H:%M:%S"))
+    if zone != "Z":
+        sign = 1 if zone[0] == "+" else -1
+        secs -= sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    return secs * 1_000_000_000 + int((frac or "").ljust(9, "0"))
+
+
+class DockerLogFollow:
+    """A container's log followed by time: ``docker logs -t --since T``, its stdout and stderr lines
+    merged by their timestamps, every line given once.
+
+    vLLM logs to stdout, uvicorn and tqdm to stderr, and ``docker logs`` gives them back on two
+    pipes, so an offset into ``stdout + stderr`` lands in the wrong stream as both grow (it lost
+    "Starting vLLM API server" and repeated a torn stderr line), and reading the whole log every poll
+    costs the whole log. Here each read asks only for what came after the newest line seen, less
+    :attr:`OVERLAP_NS` (docker stamps each stream's line when its copier reads it, so a line of one
+    stream may reach the log file just after a later-stamped one of the other); the lines of that
+    overlap seen before are known by (time, stream, text) and counted, so none is given twice and
+    none is skipped."""
+
+    OVERLAP_NS = 1_000_000_000
+
+    def __init__(self) -> None:
+        self.newest: int | None = None  # ns since the epoch of the newest line seen
+        self._seen: dict[tuple[int, int, str], int] = {}  # lines at or after newest - OVERLAP_NS
+
+    def command(self, container: str, tail: int | None = None) -> RemoteCommand:
+        since = None
+        if self.newest is not None:
+            t = max(0, self.newest - self.OVERLAP_NS)
+            since = f"{t // 1_000_000_000}.{t % 1_000_000_000:09d}"
+        return docker_logs(container, tail=tail, follow=False, timestamps=True, since=since)
+
+    def feed(self, stdout: str, stderr: str) -> list[str]:
+        """The new lines of one read, in the order docker stamped them (a tie: stdout's first)."""
+        rows: list[tuple[int, int, int, str]] = []
+        for stream, out in enumerate((stdout, stderr)):
+            ts = 0
+            for i, line in enumerate(out.split("\n")[:-1] if out.endswith("\n") else out.split("\n") if out else []):
+                m = _STAMPED.fullmatch(line)
+                if m is not None:
+                    ts, line = _stamp_ns(m.group(1), m.group(2), m.group(3)), m.group(4) or ""
+                rows.append((ts, stream, i, line))  # a line without a stamp keeps its stream's last time
+        rows.sort()
+        horizon = None if self.newest is None else self.newest - self.OVERLAP_NS
+        counted: dict[tuple[int, int, str], int] = {}
+        new: list[str] = []
+        for ts, stream, _i, line in rows:
+            if horizon is not None and ts < horizon:
+                continue  # before the overlap: given by an earlier read
+            key = (ts, stream, line)
+            counted[key] = counted.get(key, 0) + 1
+            if counted[key] <= self._seen.get(key, 0):
+                continue  # in the overlap, given before
+            self._seen[key] = counted[key]
+            new.append(line)
+        if rows:
+            self.newest = max(self.newest or 0, rows[-1][0])
+            keep = self.newest - self.OVERLAP_NS
+            self._seen = {k: v for k, v in self._seen.items() if k[0] >= keep}
+        return new
+
+
+class FileLogFollow:
+    """A growing log file (the Ray path's ``serve.log``) followed by byte offset. The node says where
+    each read ends (:func:`~sparkconsole.remote.file_chunk`): the transport decodes what comes back
+    (an invalid byte becomes U+FFFD, three bytes once encoded), so counting the text would move the
+    offset by three per invalid byte and skip that much of the log. The node ends each read after a
+    newline, so a line still being written (cut, perhaps, inside a UTF-8 sequence) comes whole with
+    a later read, once; the last read (``final``) takes the file to its end."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = 0  # bytes of the file read so far
+        self.pending = ""  # the unfinished last line
+
+    def command(self, final: bool = False) -> RemoteCommand:
+        return file_chunk(self.path, self.offset, whole_lines=not final)
+
+    def feed(self, stdout: str) -> list[str]:
+        head, _, body = stdout.partition("\n")
+        try:
+            end = int(head.strip())
+        except ValueError:
+            return []
+        if end < self.offset:  # shorter than what was read: made anew; read it from its start
+            self.offset, self.pending = 0, ""
+            return []
+        self.offset = end
+        *lines, self.pending = (self.pending + body).split("\n")
+        return lines
+
+    def flush(self) -> list[str]:
+        """The unfinished last line (one longer than a read), once nothing more will come."""
+        out, self.pending = ([self.pending] if self.pending else []), ""
+        return out
+
 
 class Serve(Step):
     id, title = "serve", "Start the engine and follow it to ready"
-    decisions = ("serve.failure", "serve.hang")
+    decisions = ("serve.access", "serve.failure", "serve.hang")
     STATE_EVERY_POLLS = 3  # the engine's containers are read at least this often while the log moves
 
     def _vllm_args(self) -> list[str]:
@@ -52,7 +159,7 @@ class Serve(Step):
                 *(["--pipeline-parallel-size", str(pp)] if pp > 1 else []),
                 "--gpu-memory-utilization", str(flow.plan.gmu or 0.85),
                 "--max-model-len", str(flow.plan.max_model_len or 65536),
-                "--served-model-name", self.flow.served_name, "--host", "0.0.0.0", "--port", str(flow.options.port)]
+                "--served-model-name", self.flow.served_name, "--host", self._bind_host(), "--port", str(flow.options.port)]
         if flow.plan.kv_cache_dtype == "fp8":
             args += ["--kv-cache-dtype", "fp8"]
         parser = flow.options.reasoning_parser or ("qwen3" if "qwen3" in flow.options.model.lower() else None)
@@ -63,7 +170,61 @@ class Serve(Step):
     def _log(self) -> str:
         return f"{self.flow.fact(self.flow.head).hf_dir}/sparkconsole/{self.runner.state.short_id}/serve.log"
 
+    async def decide(self) -> None:
+        """Who may use the served endpoint. vLLM without ``--api-key``/``VLLM_API_KEY`` answers anyone
+        who reaches its port (vllm/entrypoints/openai/api_server.py installs its check on /v1 only
+        when a token is given), so the operator chooses: a key (recommended), 127.0.0.1 and an SSH
+        tunnel, or open as before. SGLang is not offered the key: it takes one only as ``--api-key``,
+        on its command line (``ps`` shows it to every user of the node) and in the server arguments it
+        logs, which this console follows and prints."""
+        flow = self.flow
+        port, host = flow.options.port, self.runner.head.host
+        sglang = flow.engine == "sglang"
+        options = []
+        if not sglang:
+            options.append(Option(
+                "api-key", "every interface, with an API key",
+                f"vLLM answers /v1 only with the key (401 without it; /health and /metrics stay open); the key is "
+                f"made on {flow.head} and stays there ({flow.api_key_file}, mode 600), given to vLLM in its "
+                "environment: never in a command line, the journal, the state or this console's output"))
+        options += [
+            Option("local", "127.0.0.1 only, through an SSH tunnel",
+                   f"nothing on the network reaches it: from {flow.head} itself, or from a laptop through "
+                   f"`ssh -L {port}:localhost:{port}` to {flow.head} (verify prints the command)"),
+            Option("open", "every interface, no key (as before)",
+                   f"anyone who reaches {host}:{port} can use the model"),
+        ]
+        measured = (f"the engine's API: port {port} of {flow.head} ({host})",
+                    f"{flow.engine} without a key answers anyone who reaches that port")
+        if len(flow.nodes) > 1:
+            ports = ("SGLang's rendezvous, port 20000" if sglang else "vLLM's rendezvous, port 29501"
+                     if flow.executor == "native" else "Ray's GCS, port 6379, and its other ports")
+            measured += (f"whatever the answer, the nodes' own ports ({ports}) take no key: keep the cluster "
+                         "on a trusted network",)
+        why = ("SGLang's key would sit on its command line and in its logged arguments: 127.0.0.1 and a "
+               "tunnel keep the endpoint private" if sglang else
+               "reachable from the network by whoever has the key, and by no one else")
+        d = Decision("serve.access", self.id, "Who may use the served endpoint", measured, tuple(options),
+                     "local" if sglang else "api-key", why)
+        flow.update(access=await self.runner.decide(d))
+
+    def _bind_host(self) -> str:
+        """Where the engine's API listens: 127.0.0.1 when the operator keeps it local, else every
+        interface (``--host 0.0.0.0``: the laptop reaches the head by its LAN address)."""
+        return "127.0.0.1" if self.flow.plan.access == "local" else "0.0.0.0"
+
+    def _keyed(self) -> bool:
+        """The engine starts with the head's API key (vLLM only: see :meth:`decide`)."""
+        return self.flow.plan.access == "api-key" and self.flow.engine == "vllm"
+
     def _commands(self) -> list[tuple[str, RemoteCommand]]:
+        """The engine's starts, by node, workers first; the one that serves the API (the head's) with
+        the API key in its environment when the operator chose one (serve.access)."""
+        return [(n, with_key_from_file(cmd, self.flow.api_key_file) if n == self.flow.head and self._keyed() else cmd)
+                for n, cmd in self._launches()]
+
+    def _launches(self) -> list[tuple[str, RemoteCommand]]:
+        """The engine's starts as the layout makes them (no key yet), by node, workers first."""
         flow = self.flow
         env = [("VLLM_ENGINE_READY_TIMEOUT_S", "3600"), ("VLLM_CONFIG_ROOT", VLLM_CONFIG_ROOT)]
         if flow.engine == "sglang":
@@ -71,7 +232,7 @@ class Serve(Step):
             for rank, n in reversed(list(enumerate(flow.nodes))):
                 args = ["-m", "sglang.launch_server", "--model-path", flow.options.model, "--tp", str(flow.plan.tp or 1),
                         "--nnodes", str(len(flow.nodes)), "--node-rank", str(rank), "--dist-init-addr",
-                        f"{flow.ip(flow.head)}:20000", "--host", "0.0.0.0", "--port", str(flow.options.port),
+                        f"{flow.ip(flow.head)}:20000", "--host", self._bind_host(), "--port", str(flow.options.port),
                         "--mem-fraction-static", "0.70"]
                 out.append((n, docker_run(flow.container("sglang"), flow.image, options=DOCKER_OPTS, entrypoint="python3",
                                           args=args, env=[*flow.env(n), ("SGLANG_HOST_IP", flow.ip(n))],
@@ -102,8 +263,23 @@ class Serve(Step):
         return [(flow.head, serve_in_container(flow.container("ray"), args, "/root/.cache/huggingface/sparkconsole/"
                                             f"{self.runner.state.short_id}/serve.log", env=env))]
 
+    def _runs(self) -> dict[str, str]:
+        """The containers this step starts with ``docker run`` (one vLLM container on a single node,
+        one per node natively and with SGLang), by node: none on the Ray path (vLLM runs in the Ray
+        head's container, ``docker exec``)."""
+        return {n: cmd.argv[cmd.argv.index("--name") + 1] for n, cmd in self._commands()
+                if cmd.argv[:2] == ("docker", "run")}
+
     async def probe(self) -> str | None:
+        # what send decides from (its rehearsal then reads nothing): each start's container, if any
+        runs = self._runs()
+        got = await self.runner.on_all(list(runs), lambda n: self.flow.inspect(n, runs[n]))
+        self._run_states = dict(zip(runs, got, strict=True))
         if await self.flow.serving():
+            for n, name in runs.items():  # a start whose result was lost still goes at teardown
+                st = self._run_states.get(n)
+                if st is not None and st.status == "running":
+                    await adopt_or_clear(self.flow, n, name, st)
             return f"already serving {self.flow.served_name} on port {self.flow.options.port}"
         return None
 
@@ -118,24 +294,40 @@ class Serve(Step):
                                                          summary=f"make the engine's log {self._log()}"),
                                      key="mkdir serve log")
             keep = netenv.not_carried([flow.env(n) for n in flow.nodes])
+            # the API key stays on the head: copied, it would travel to every worker over Ray's own
+            # channels (no authentication), and no worker serves the API
+            keep += [API_KEY_ENV] if self._keyed() else []
             if keep:
                 # vLLM >= 0.17 copies the driver's NCCL_*/UCX_*/VLLM_*/HF_* to every Ray worker (PR
                 # #34383), over each worker's own values; names in this file are not copied. It is read
                 # when `vllm serve` imports vllm.ray.ray_env, so it is written before the start.
                 await self.runner.change(flow.head, write_in_container(
                     flow.container("ray"), NON_CARRY_OVER, json.dumps(keep),
-                    summary=f"keep each node's own {', '.join(keep)} (vLLM's Ray env carry-over)"))
+                    summary=f"keep {', '.join(keep)} out of vLLM's Ray env carry-over"))
                 # not keyed: a start again after a failure has a new Ray head container, without the file
+        if self._keyed():  # before the start that reads it; an existing key is kept
+            await self.runner.change(flow.head, make_api_key(flow.api_key_file))
+        states = getattr(self, "_run_states", {})
         for n, cmd in self._commands():
             key = f"serve {n} {self.runner.state.steps.get('serve-attempt', '1')}"
+            run = cmd.argv[:2] == ("docker", "run")
+            name = cmd.argv[cmd.argv.index("--name") + 1] if run else ""
+            if run and key not in self.runner.state.done_commands:
+                # inspect first, as the cluster step does: a `docker run` whose result was lost (the
+                # connection dropped after the container was made) left a container of this name that
+                # nothing recorded; started again, it would fail on the name, on every --resume
+                st = states[n] if n in states else await flow.inspect(n, name)
+                if await adopt_or_clear(flow, n, name, st):
+                    continue
             res = await self.runner.change(n, cmd, timeout=300, key=key)
             if not res.ok:
-                raise StepFailed(f"{n}: the engine did not start: {res.stderr.strip()[-300:]}")
-            if cmd.argv[:2] == ("docker", "run") and res.stdout.strip():
-                name = cmd.argv[cmd.argv.index("--name") + 1]
-                if not any(s.node == n and s.name == name for s in self.runner.state.started):
-                    self.runner.state.started.append(Started(n, "container", name, res.stdout.strip()[:64]))
-                    self.runner.save()
+                raise StepFailed(f"{n}: the engine did not start: {res.stderr.strip()[-300:]}",
+                                 "--resume: a container this start made is found by its name and adopted"
+                                 if res.exit_status is None else "")
+            ours = any(s.node == n and s.name == name for s in self.runner.state.started)
+            if run and res.stdout.strip() and not ours:
+                self.runner.state.started.append(Started(n, "container", name, res.stdout.strip()[:64]))
+                self.runner.save()
 
     async def watch(self) -> None:
         await self._follow()
@@ -144,36 +336,38 @@ class Serve(Step):
         flow = self.flow
         tracker = VllmLogTracker()
         self._seen: list[str] = []
-        offset = 0
         last_change = time.monotonic()
         deadline = time.monotonic() + self.runner.settings.serve_timeout_s / self.runner.settings.speed
         in_container = flow.engine == "sglang" or flow.executor in ("native", "single")
+        name = flow.container("sglang" if flow.engine == "sglang" else "vllm")
+        docker_follow, file_follow = DockerLogFollow(), FileLogFollow(self._log())
         polls = quiet = 0
 
-        async def read_log() -> str:
-            nonlocal offset, last_change
+        async def read_log(final: bool = False) -> bool:
+            """The log's new lines, each once and whole, fed to the tracker and shown; whether any came."""
+            nonlocal last_change
             if in_container:
-                res = await self.runner.read(flow.head, command("docker", "logs", flow.container(
-                    "sglang" if flow.engine == "sglang" else "vllm")), quiet=True)
-                text = (res.stdout + res.stderr)[offset:]
-                offset += len(text)
+                res = await self.runner.read(flow.head, docker_follow.command(name), quiet=True)
+                lines = docker_follow.feed(res.stdout, res.stderr) if res.ok else []
             else:
-                res = await self.runner.read(flow.head, file_from(self._log(), offset), quiet=True)
-                text = res.stdout if res.ok else ""
-                offset += len(text.encode())
-            if text:
+                res = await self.runner.read(flow.head, file_follow.command(final), quiet=True)
+                lines = file_follow.feed(res.stdout) if res.ok else []
+                if final:
+                    lines += file_follow.flush()
+            if lines:
                 last_change = time.monotonic()
-                self._seen.append(text)
-                for line in text.splitlines():
-                    tracker.feed(line)
-                    if line.strip():
-                        self.runner.emit_output(flow.head, line)
-            return text
+                self._seen.append("".join(f"{line}\n" for line in lines))
+                for line in lines:
+                    for part in line.splitlines() or [line]:  # a progress bar's \r updates: one line each
+                        tracker.feed(part)
+                        if part.strip():
+                            self.runner.emit_output(flow.head, part)
+            return bool(lines)
 
         while True:
-            text = await read_log()
+            moved = await read_log()
             polls += 1
-            quiet = 0 if text else quiet + 1
+            quiet = 0 if moved else quiet + 1
             rep = tracker.report
             if rep.shards_total:
                 self.runner.progress(flow.head, "weights", rep.shard_fraction,
@@ -192,7 +386,7 @@ class Serve(Step):
             if quiet or polls % self.STATE_EVERY_POLLS == 0:
                 death = await self._dead_container(tracker.report)
                 if death is not None and death.kind not in exits.CONTAINER_KINDS:
-                    await read_log()  # an ordinary exit: its last lines may name the cause
+                    await read_log(final=True)  # an ordinary exit: its last lines may name the cause
                     death = exits.classify(death.node, self._states[(death.node, death.container)], tracker.report,
                                            self._plan_figures())
                 if death is not None:
@@ -221,10 +415,11 @@ class Serve(Step):
         if rep.failure_kind not in (None, "other") or flow.executor != "native" or flow.engine != "vllm":
             return rep
         for n in flow.nodes[1:]:
-            res = await self.runner.read(n, docker_logs(flow.container("vllm"), tail=400, follow=False), quiet=True)
+            res = await self.runner.read(n, DockerLogFollow().command(flow.container("vllm"), tail=400), quiet=True)
             worker = VllmLogTracker()
-            for line in (res.stdout + res.stderr).splitlines():
-                worker.feed(line)
+            for line in DockerLogFollow().feed(res.stdout, res.stderr) if res.ok else []:  # in the order written
+                for part in line.splitlines() or [line]:
+                    worker.feed(part)
             got = worker.report
             if got.state == "failed" and got.failure_kind not in (None, "other"):
                 self.runner.note(f"the start failed on {n}: {display_text(got.failure_line or got.failure_kind or '')}",

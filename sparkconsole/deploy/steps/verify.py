@@ -1,15 +1,20 @@
-"""Verify: /health, /v1/models and one chat completion with its reasoning kept apart."""
+"""Verify: /health, /v1/models and one chat completion with its reasoning kept apart; then who can
+reach the endpoint, as the head's own sockets and a request without the key say it."""
 
 from __future__ import annotations
 
 import json
 import time
 
+from sparkconsole.deploy.recon import parse_ss
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.remote import (
     http_get,
-    http_post_json,
+    http_get_keyed,
+    http_post_json_keyed,
+    http_status,
+    listening_tcp,
 )
 
 CHAT_PROMPT = "What is 12*17? Answer with the number."
@@ -22,17 +27,20 @@ class Verify(Step):
         flow = self.flow
         base = f"http://127.0.0.1:{flow.options.port}"
         served = flow.served_name
+        key = flow.api_key_file  # sent along when the head has one: /v1 wants it then (the node reads it)
         health = await self.runner.read(flow.head, http_get(f"{base}/health", fail=True), timeout=30)
         if not health.ok:
             raise StepFailed(f"/health did not answer 200 (exit {health.exit_status})", "read the engine's log")
-        models = await self.runner.read(flow.head, http_get(f"{base}/v1/models"), timeout=30)
+        models = await self.runner.read(flow.head, http_get_keyed(f"{base}/v1/models", key), timeout=30)
         if f'"{served}"' not in models.stdout:
             raise StepFailed(f"/v1/models does not name {served}: {models.stdout[:200]}",
-                             "another server holds the port? ss -ltnp")
+                             f"the engine wants another API key than {key}?" if "Unauthorized" in models.stdout
+                             else "another server holds the port? ss -ltnp")
         body = json.dumps({"model": served, "messages": [{"role": "user", "content": CHAT_PROMPT}],
                            "max_tokens": 512})
         t0 = time.monotonic()
-        chat = await self.runner.read(flow.head, http_post_json(f"{base}/v1/chat/completions", body), timeout=600)
+        chat = await self.runner.read(flow.head, http_post_json_keyed(f"{base}/v1/chat/completions", body, key),
+                                      timeout=600)
         wall = (time.monotonic() - t0) * self.runner.settings.speed
         try:
             data = json.loads(chat.stdout)
@@ -47,17 +55,93 @@ class Verify(Step):
         reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
         self.runner.note(f"chat: {answer[:80]!r}; reasoning returned apart ({len(reasoning)} chars); "
                     f"{tokens} tokens" + (f", {tps:.1f} tok/s" if tps else ""))
-        head = self.runner.head
-        self.runner.state.endpoint = f"http://{head.host}:{flow.options.port}/v1"
-        self.runner.note(f"endpoint {self.runner.state.endpoint} (listening on {head.name}, all interfaces; from a laptop "
-                    f"without a route to it: {_tunnel(head, flow.options.port)})")
+        await self._who_can_reach()
         self.runner.state.result = "served"
         self.runner.save()
+
+    async def _who_can_reach(self) -> None:
+        """Say who can use the endpoint, from what the head measures rather than what was asked: the
+        address its API socket is bound to (``ss -ltn``) and what /v1 answers a request without the
+        key (401: vLLM's key check; 200: anyone). What was asked (serve.access) and what is measured
+        must agree: an engine asked to want a key that answers without one is a failed deployment.
+        Then the cluster's own ports, which take no key whatever was chosen."""
+        flow, head = self.flow, self.runner.head
+        port = flow.options.port
+        keyless = await self.runner.read(flow.head, http_status(f"http://127.0.0.1:{port}/v1/models"), timeout=30)
+        code = keyless.stdout.strip()[-3:]
+        bound = None
+        if flow.fact(flow.head).tools.get("ss") is not False:
+            ss = await self.runner.read(flow.head, listening_tcp(), timeout=30)
+            found = next((x for x in parse_ss(ss.stdout) if x.port == port), None) if ss.ok else None
+            bound = found.address if found is not None else None
+        local = _loopback(bound) if bound is not None else flow.plan.access == "local"
+        asked = flow.plan.access
+        if asked == "api-key" and code == "200":
+            raise StepFailed("the endpoint answers /v1 without the API key",
+                             "its engine was started without the key: `sparkconsole deploy --teardown`, then deploy "
+                             "again with serve.access=api-key")
+        if asked == "local" and not local:
+            raise StepFailed(f"the endpoint listens on {bound}, not on 127.0.0.1 only",
+                             "its engine was started for the network: `sparkconsole deploy --teardown`, then deploy "
+                             "again with serve.access=local")
+        tunnel = _tunnel(head, port)
+        level = "info"
+        if local:
+            endpoint = f"http://localhost:{port}/v1"
+            text = (f"endpoint {endpoint} through an SSH tunnel only: vLLM listens on 127.0.0.1 of {head.name}, "
+                    f"so nothing on the network reaches it; from a laptop: {tunnel}")
+        else:
+            endpoint = f"http://{head.host}:{port}/v1"
+            where = "every interface" if bound in (None, "0.0.0.0", "*", "[::]") else bound
+            if code == "401":
+                text = (f"endpoint {endpoint}: anyone who reaches it with the API key (header `Authorization: "
+                        f"Bearer KEY`; without it /v1 answers 401, while /health and /metrics answer anyone). The key "
+                        f"stays on {head.name}, in {flow.api_key_file}: `{_ssh(head)} cat {flow.api_key_file}`. "
+                        f"Listening on {where} of {head.name}; from a laptop without a route to it: {tunnel}")
+            else:
+                level = "warning"
+                text = (f"endpoint {endpoint}: anyone who reaches {head.host}:{port} can use the model, with no key "
+                        f"(listening on {where} of {head.name}; serve.access=api-key would require one); from a "
+                        f"laptop without a route to it: {tunnel}")
+        self.runner.state.endpoint = endpoint
+        self.runner.note(text, level)
+        cluster = self._cluster_ports()
+        if cluster:
+            self.runner.note(cluster)
+
+    def _cluster_ports(self) -> str | None:
+        """The ports the nodes open to each other, which no key guards: said whatever the endpoint's
+        access (``--node-ip-address``, ``--master-addr`` and the NCCL/Gloo interfaces name the fast
+        link, but the servers behind these ports listen on every interface)."""
+        flow = self.flow
+        if len(flow.nodes) < 2:
+            return None
+        head = flow.head
+        trusted = "keep the cluster on a trusted network"
+        if flow.engine == "sglang":
+            return (f"SGLang's rendezvous (port 20000 of {head}) takes no authentication and listens on every "
+                    f"interface of {head}: {trusted}")
+        if flow.executor == "native":
+            return (f"vLLM's rendezvous (torch's TCPStore, port 29501 of {head}) takes no authentication and "
+                    f"listens on every interface of {head}: {trusted}")
+        return (f"Ray's ports (the GCS at port 6379 of {head}, each node's raylet and object manager) take no "
+                "authentication and listen on every interface of the nodes: whoever reaches them can run code in "
+                f"the Ray containers, so {trusted} (Ray's dashboard listens on 127.0.0.1 only)")
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``ss`` shows a socket bound to the loopback only (``127.0.0.1``, ``[::1]``)."""
+    return address.startswith("127.") or address in ("[::1]", "::1", "localhost")
+
+
+def _ssh(head: object) -> str:
+    """``ssh [-p PORT] USER@HOST``: the head as the inventory reaches it (its login user, its ssh port)."""
+    user, host, ssh_port = getattr(head, "user", None), getattr(head, "host", ""), getattr(head, "port", None)
+    target = f"{user}@{host}" if user else str(host)
+    return "ssh" + (f" -p {ssh_port}" if ssh_port and ssh_port != 22 else "") + f" {target}"
 
 
 def _tunnel(head: object, port: int) -> str:
     """The ``ssh -L`` a laptop runs to reach the head's API: as the inventory reaches the head (its
     login user, its ssh port), since a stock Spark takes no root and a demo node listens elsewhere."""
-    user, host, ssh_port = getattr(head, "user", None), getattr(head, "host", ""), getattr(head, "port", None)
-    target = f"{user}@{host}" if user else str(host)
-    return f"ssh -L {port}:localhost:{port}" + (f" -p {ssh_port}" if ssh_port and ssh_port != 22 else "") + f" {target}"
+    return _ssh(head).replace("ssh", f"ssh -L {port}:localhost:{port}", 1)

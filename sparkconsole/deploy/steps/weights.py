@@ -123,10 +123,10 @@ class Weights(Step):
         """The copy to ``n``: beside a running download, each file as soon as it is whole (then a
         final pass); else one rsync."""
         flow = self.flow
-        rsync = rsync_dir(flow.model_dir(src), flow.user_at(n), flow.model_dir(n))
+        rsync = rsync_dir(flow.model_dir(src), flow.user_at(n), flow.model_dir(n), port=weight_files.peer_port(flow, n))
         if not streamed:
             return rsync
-        return stream_copy(rsync, JobFiles.under(flow.job_dir(src), "weights-download").rc)
+        return stream_copy(rsync, JobFiles.under(flow.job_dir(src), "weights-download"))
 
     async def send(self) -> None:
         """The download where the weights are not whole yet, and a copy to every worker that lacks
@@ -151,6 +151,10 @@ class Weights(Step):
         self._downloaded = 1.0
         if not v.complete:
             self._downloaded = 0.0
+            # the login user makes the cache's folders: a download in the image mounts HF_HOME
+            # (``-v DIR:/hf``), and docker would make a missing DIR as root, which the user's
+            # download then cannot write (recon reads the disk without making anything)
+            await self.runner.change(src, mkdir_p(flow.model_dir(src)), key=f"mkdir weights {src}")
             self._download = await self.runner.start_job(src, "weights-download", self._download_cmd(src),
                                                          flow.job_dir(src))
         # the copies start now, beside the download: each file goes to the workers as soon as it is

@@ -157,9 +157,9 @@ def _registry_host(ref: str) -> str:
     return first if "/" in ref and ("." in first or ":" in first) else "registry-1.docker.io"
 
 
-class ErrLine(LogLine):
-    """A line the container wrote to stderr: ``docker logs`` (and an attached ``docker run``) give it
-    on stderr."""
+# A line the container wrote to stderr: ``docker logs`` (and an attached ``docker run``) give it on
+# stderr; the engine's own stderr lines (uvicorn, tqdm) are made by vllm_logs as the same class.
+ErrLine = vllm_logs.ErrLine
 
 
 class _LogSink:
@@ -756,8 +756,10 @@ class DockerTools:
             elif key == "--name":
                 name = val
             elif key in ("-e", "--env"):
+                # `-e NAME` takes NAME from the client's environment; unset there, it is not set at all
                 k, has, v = val.partition("=")
-                env.append((k, v if has else io.env.get(k, "")))
+                if has or k in io.env:
+                    env.append((k, v if has else io.env[k]))
             elif key in ("-v", "--volume"):
                 mounts.append(val.split(":")[0])
                 src, _, rest = val.partition(":")
@@ -1095,7 +1097,8 @@ class DockerTools:
                     i += 1
                 if key in ("-e", "--env"):
                     k, has, v = val.partition("=")
-                    extra[k] = v if has else io.env.get(k, "")
+                    if has or k in io.env:  # `-e NAME`: the client's NAME, if it has one
+                        extra[k] = v if has else io.env[k]
             elif key in ("-d", "--detach") or (not a.startswith("--") and set(a[1:]) <= set("dit")):
                 detach = detach or "d" in a
             elif key not in ("-i", "-t", "-it", "--interactive", "--tty", "--privileged"):
@@ -1197,8 +1200,8 @@ class DockerTools:
                     sub.stopped = parent.stopped if parent.stopped is not None else now
                     if sub.engine:
                         sub.engine.stop(sub.stopped)
-                for ln in sub.log_between(last, now):
-                    io.out(ln.text + "\n")
+                for ln in sub.log_between(last, now):  # `> LOG 2>&1` merges them, in the order written
+                    (io.err if isinstance(ln, ErrLine) else io.out)(ln.text + "\n")
                 last = now
                 if not sub.running(now):
                     info = sub.exit_info(now)

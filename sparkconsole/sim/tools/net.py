@@ -26,6 +26,7 @@ from sparkconsole.sim.model import (
 )
 from sparkconsole.sim.sh.interp import IO
 from sparkconsole.sim.tools.common import _opt_val, _ssh_target, _ssh_user
+from sparkconsole.sim.vfs import FsError
 
 HUB = "huggingface.co"
 
@@ -254,9 +255,10 @@ class NetTools:
             e = c.engine
             if e is not None and not e.ended(t) and t >= e.started + 20.0:
                 pid = stable_int(2000, 90000, c.id, "hostpid")
-                out.append(("0.0.0.0", e.port, "vllm" if "python" not in " ".join(c.argv[:2]) else "python3", pid))
-            if c.kind == "sglang":
-                out.append(("0.0.0.0", int(_opt_val(list(c.argv), "--port", "30000")), "python3",
+                out.append((e.host, e.port, "vllm" if "python" not in " ".join(c.argv[:2]) else "python3", pid))
+            if c.kind == "sglang":  # SGLang's --host defaults to 127.0.0.1
+                argv = list(c.argv)
+                out.append((_opt_val(argv, "--host", "127.0.0.1"), int(_opt_val(argv, "--port", "30000")), "python3",
                             stable_int(2000, 90000, c.id, "hostpid")))
         ray = self.cluster.ray
         if ray is not None:
@@ -264,7 +266,7 @@ class NetTools:
             if m is not None and m.head and m.since - 1.5 <= t:
                 pid = stable_int(2000, 90000, self.node_name, "gcs", m.node_id)
                 out.append(("0.0.0.0", int(ray.address.rsplit(":", 1)[1]), "gcs_server", pid))
-                out.append(("0.0.0.0", 8265, "python3", pid + 41))
+                out.append((m.dashboard_host, 8265, "python3", pid + 41))
         return sorted(out, key=lambda r: r[1])
 
     async def c_ss(self, argv: list[str], io: IO) -> int:
@@ -295,6 +297,7 @@ class NetTools:
                       "--retry", "-x"}
         flags: set[str] = set()
         opts: dict[str, str] = {}
+        headers: list[str] = []  # every -H, in order (``@-``: lines from stdin, ``@FILE``: from a file)
         urls: list[str] = []
         args = argv[1:]
         i = 0
@@ -307,6 +310,8 @@ class NetTools:
                     i += 1
                 if k in value_opts:
                     opts[k] = v
+                    if k == "--header":
+                        headers.append(v)
                 else:
                     flags.add(k)
             elif a.startswith("-") and len(a) > 1:
@@ -318,6 +323,8 @@ class NetTools:
                         if not a[j + 1:]:
                             i += 1
                         opts[f] = v
+                        if f == "-H":
+                            headers.append(v)
                         break
                     flags.add(f)
                     j += 1
@@ -340,6 +347,21 @@ class NetTools:
             return 3
         scheme, host, port_s, path, query = m.group(1), m.group(2), m.group(3), m.group(4) or "/", m.group(5) or ""
         port = int(port_s or (443 if scheme == "https" else 80))
+        sent: dict[str, str] = {}  # the request's headers by lower-case name (curl's -H, @- and @FILE read)
+        for h in headers:
+            if h.startswith("@"):
+                src = h[1:]
+                try:
+                    lines = (io.stdin or "") if src == "-" else self.fs.read_text(src, self.cwd)
+                except FsError:
+                    io.err(f"Warning: Failed to open {src}\n")
+                    return 26
+            else:
+                lines = h
+            for line in lines.splitlines():
+                name, colon, value = line.partition(":")
+                if colon and name.strip():
+                    sent[name.strip().lower()] = value.strip()
 
         def error(code: int, msg: str) -> int:
             if write_out is not None:
@@ -360,7 +382,7 @@ class NetTools:
                 max_time = float(mt) if mt else None
             except ValueError:
                 max_time = None
-            r = await self._curl_local(host, port, path, method, data, error, max_time)
+            r = await self._curl_local(host, port, path, method, data, error, max_time, sent.get("authorization"))
             if isinstance(r, int):
                 return r
             status, body = r
@@ -375,11 +397,19 @@ class NetTools:
         return 0
 
     async def _curl_local(self, host: str, port: int, path: str, method: str, data: str | None, error,
-                          max_time: float | None = None):
-        node = self.node if host in ("localhost", "127.0.0.1", "0.0.0.0") else self._resolve(host)
+                          max_time: float | None = None, authorization: str | None = None):
+        loopback = host in ("localhost", "127.0.0.1", "0.0.0.0")
+        node = self.node if loopback else self._resolve(host)
         run = self.cluster.engine_on_port(node.name, port, self.now()) if node else None
+        if run is not None and run.host.startswith("127.") and not (loopback and node is self.node):
+            run = None  # bound to 127.0.0.1: nothing reaches it but this node's own loopback
         if run is None:
             return error(7, f"Failed to connect to {host} port {port} after 0 ms: Couldn't connect to server")
+        if run.api_key and path.startswith("/v1") and method != "OPTIONS" and authorization != f"Bearer {run.api_key}":
+            # vLLM's key check (vllm/entrypoints/openai/api_server.py): /v1 only; /health, /metrics and
+            # /version answer anyone, and OPTIONS (CORS preflight) passes
+            self._access_log(node.name, run, path, method, "401 Unauthorized")
+            return 401, '{"error":"Unauthorized"}'
         if (path.startswith("/v1/") and method == "POST" and run.hung_at is not None and self.now() >= run.hung_at
                 and run.failed_at is not None):
             # a TP worker is lost: the request waits on the hung collective until the engine dies

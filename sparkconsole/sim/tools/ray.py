@@ -69,7 +69,9 @@ class RayTools:
         if head:
             addr = f"{ip}:{port}"
             self.cluster.ray = RayCluster(addr)
-            self.cluster.ray.members[self.node_name] = RayMember(self.node_name, nid, ip, t + 2.0, True, container)
+            self.cluster.ray.members[self.node_name] = RayMember(
+                self.node_name, nid, ip, t + 2.0, True, container,
+                dashboard_host=_opt_val(args, "--dashboard-host", "127.0.0.1"))  # Ray's default: localhost
             return None, (
                 "Usage stats collection is disabled.\n\nLocal node IP: " + ip + "\n\n"
                 "--------------------\nRay runtime started.\n--------------------\n\nNext steps\n"
