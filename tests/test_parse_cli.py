@@ -28,6 +28,9 @@ MEMINFO_KEYS = {"mem_total_bytes", "mem_available_bytes", "mem_free_bytes", "cac
 RAY_KEYS = {"active_nodes", "pending_nodes", "cpus_total", "cpus_used", "gpus_total", "gpus_used"}
 VLLM_KEYS = {"state", "failure_kind", "shards_done", "shards_total", "model_load_gib", "kv_cache_gib",
              "kv_cache_tokens", "max_concurrency", "port", "vllm_version"}
+METRICS_KEYS = {"kind", "model", "engine", "version", "requests_running", "requests_waiting", "kv_cache_usage",
+                "prompt_tokens_total", "generation_tokens_total", "preemptions_total",
+                "prefix_cache_queries_total", "prefix_cache_hits_total", "gen_throughput", "histograms"}
 
 
 def check_contract(kind: str, data: dict) -> None:
@@ -51,6 +54,10 @@ def check_contract(kind: str, data: dict) -> None:
         assert set(data) == RAY_KEYS
     elif kind == "vllm-log":
         assert set(data) == VLLM_KEYS
+    elif kind == "vllm-metrics":
+        assert set(data) == {"engines"}
+        assert all(set(e) == METRICS_KEYS for e in data["engines"])
+        assert all(set(e["histograms"]) == {"ttft", "itl", "e2e", "queue_time"} for e in data["engines"])
     elif kind == "ib-ports":
         assert set(data) == {"ports"}
     elif kind == "ip-addr":
@@ -107,6 +114,7 @@ CASES = [
     ("ip-addr", REAL / "h200/ipjson.txt"),
     ("docker-stats", FIXTURES / "docker/docker_stats_json_20.10.txt"),
     *[("vllm-log", f) for f in sorted((REAL / "vllm-logs").glob("*.log"))],
+    *[("vllm-metrics", f) for f in sorted((REAL / "metrics").glob("*.prom"))],
 ]
 
 
@@ -189,7 +197,8 @@ def test_binary_exit_2(capsys, tmp_path, data):
 
 
 @pytest.mark.parametrize("kind", ["nvidia-smi", "nvidia-smi-csv", "meminfo", "ibdev2netdev", "docker-ps",
-                                  "ray-status", "vllm-log", "ib-ports", "ip-addr", "docker-stats"])
+                                  "ray-status", "vllm-log", "vllm-metrics", "ib-ports", "ip-addr",
+                                  "docker-stats"])
 @pytest.mark.parametrize("text", ["", "hello world\n", "sh: 1: tool: not found\n", "| | |\n,,,\n{]\n"],
                          ids=["empty", "words", "not-found", "junk"])
 def test_odd_text_exit_0_with_nulls(capsys, tmp_path, kind, text):

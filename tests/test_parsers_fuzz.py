@@ -149,7 +149,8 @@ def _fuzz_bases() -> list[str]:
     from sparkconsole.sim import Shell, SimClock, build
 
     bases = [strip_fixture_header(f.read_text(encoding="utf-8", errors="replace"))
-             for f in sorted(FIXTURES.rglob("*")) if f.is_file() and f.suffix in (".txt", ".log", ".xml", ".json")]
+             for f in sorted(FIXTURES.rglob("*"))
+             if f.is_file() and f.suffix in (".txt", ".log", ".xml", ".json", ".prom")]
 
     async def sim_outputs() -> list[str]:
         clock = SimClock.frozen()
@@ -227,6 +228,7 @@ def _every_parser():
     from sparkconsole.logs.vllm import VllmLogTracker, parse_vllm_log
     from sparkconsole.planner.overheads import parse_version
     from sparkconsole.services import parse_systemctl_show
+    from sparkconsole.serving.metrics import parse_metrics, window_quantile
 
     runner = _Progress()
     step = Weights(type("F", (), {"runner": runner})())  # a flow with only the runner's progress
@@ -261,6 +263,8 @@ def _every_parser():
         ("follow.split_timestamp", lambda t: [follow.timestamp_key(follow.split_timestamp(ln)[0] or "")
                                                for ln in t.splitlines()]),
         ("planner.parse_version", parse_version),
+        ("serving.parse_metrics+window_quantile",
+         lambda t: [window_quantile(e.ttft, e.e2e, 0.9) for e in parse_metrics(t)]),
     ]
     return out
 

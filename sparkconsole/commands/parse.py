@@ -80,6 +80,13 @@ def _vllm_log(text: str) -> dict[str, Any]:
     return dict(parse_vllm_log(text).contract_dict())
 
 
+def _vllm_metrics(text: str) -> dict[str, Any]:
+    # Imported here, like the log parser: only this kind needs prometheus_client's parser.
+    from sparkconsole.serving.metrics import contract_dict, parse_metrics
+
+    return contract_dict(parse_metrics(text))
+
+
 def _ib_ports(text: str) -> dict[str, Any]:
     return {"ports": [_pick(pt, IB_PORT_KEYS) for pt in p.parse_ib_ports(text)]}
 
@@ -105,6 +112,7 @@ KINDS: dict[str, Callable[[str], dict[str, Any]]] = {
     "docker-ps": _docker_ps,
     "ray-status": _ray_status,
     "vllm-log": _vllm_log,
+    "vllm-metrics": _vllm_metrics,
 }
 #: Extras, same rules, not in the contract table.
 EXTRA_KINDS: dict[str, Callable[[str], dict[str, Any]]] = {
