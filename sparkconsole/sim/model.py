@@ -477,6 +477,11 @@ class EngineRun:
     host: str = "0.0.0.0"  # --host: where the API server listens (127.0.0.1: this node's own clients only)
     # --api-key, else VLLM_API_KEY of its environment: /v1 then wants ``Authorization: Bearer KEY``
     api_key: str | None = None
+    # what /metrics reports (sparkconsole.sim.vllm_metrics): the "GPU KV cache size" its log prints and
+    # the attention block size, for the KV usage; the figures themselves, per run (a restart starts at 0)
+    kv_cache_tokens: int = 0
+    kv_block_size: int = 16
+    metrics: Any = None
 
     @property
     def world(self) -> int:

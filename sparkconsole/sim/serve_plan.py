@@ -391,6 +391,7 @@ class ServePlan:
             from sparkconsole.planner.kv import kv_layout
 
             lay = kv_layout(pspec.geometry, args.tp, self.kv_dtype, self.prefix_caching)
+            self.run.kv_block_size = lay.block_size
             pad = (lay.page_bytes - lay.state_page_bytes) / lay.state_page_bytes * 100
             sc.log(5.2, api, "INFO", "config.py:424", f"Setting attention block size to {lay.block_size} tokens "
                    "to ensure that attention page size is >= mamba page size.")
@@ -822,6 +823,7 @@ class ServePlan:
                    "increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
             self.engine_failed(t, [(f"{PY}/vllm/v1/core/kv_cache_utils.py", 686, "check_enough_kv_cache_memory",
                                     "raise ValueError(")], msg, "oom", self.lead)
+        self.run.kv_cache_tokens = tokens  # what /metrics' KV usage is a share of
         sc.log(t, self.core if self.native else self.lead, "INFO", "kv_cache_utils.py:1319",
                f"GPU KV cache size: {tokens:,} tokens")
         sc.log(t, self.core if self.native else self.lead, "INFO", "kv_cache_utils.py:1324",

@@ -827,15 +827,24 @@ def traffic_lines(run: EngineRun, k: int, slot_t: float) -> list[LogLine]:
     path = {"generate": "/v1/chat/completions", "embed": "/v1/embeddings", "score": "/v1/rerank"}[task]
     out = [LogLine(slot_t - 3.0 + 2.0 * h(run.model, k, "a"),
                    f'{api}INFO:     127.0.0.1:{port} - "POST {path} HTTP/1.1" 200 OK')]
-    prompt = 200 + 900 * h(run.model, k, "p")
-    gen = (25 + 30 * h(run.model, k, "g")) if task == "generate" else 0.0
-    kvu = 0.4 + 3.0 * h(run.model, k, "kv")
-    hit = 20 + 60 * h(run.model, k, "hit")
+    prompt, gen, kvu, hit = traffic_slot(run, k)
     ts = time.strftime("%m-%d %H:%M:%S", time.gmtime(run.epoch0 + slot_t))
     out.append(LogLine(slot_t, f"{api}INFO {ts} [loggers.py:257] Engine 000: Avg prompt throughput: {prompt:.1f} "
                                f"tokens/s, Avg generation throughput: {gen:.1f} tokens/s, Running: 1 reqs, "
                                f"Waiting: 0 reqs, GPU KV cache usage: {kvu:.1f}%, Prefix cache hit rate: {hit:.1f}%"))
     return out
+
+
+def traffic_slot(run: EngineRun, k: int) -> tuple[float, float, float, float]:
+    """Background slot k's figures (prompt and generation tokens/s, KV usage %, prefix hit %): one
+    function for the stats line and ``/metrics`` (:mod:`sparkconsole.sim.vllm_metrics`), so they agree."""
+    from sparkconsole.sim.model import _hash01 as h
+
+    spec = MODELS.get(run.model)
+    task = spec.task if spec else "generate"
+    prompt = 200 + 900 * h(run.model, k, "p")
+    gen = (25 + 30 * h(run.model, k, "g")) if task == "generate" else 0.0
+    return prompt, gen, 0.4 + 3.0 * h(run.model, k, "kv"), 20 + 60 * h(run.model, k, "hit")
 
 
 def access_line(run: EngineRun, path: str, method: str = "GET", status: str = "200 OK") -> str:

@@ -1,8 +1,8 @@
 """Network tools: ``ibdev2netdev``, ``ip``, ``ethtool``, ``ping`` (iputils: ``-c -W -M do -s``,
 the path MTU, link down, lost node), ``ssh`` (to a node by name or address, ``-o BatchMode``,
 ``ConnectTimeout``), ``ss -ltnp`` (who holds each listening port) and ``curl`` (a local or remote
-vLLM server's ``/health``, ``/v1/models``, ``/v1/chat/completions``; the Hub's model and tree API
-on a node with internet; ``-s -S -f -o -w '%{http_code}' --max-time``; a chat completion
+vLLM server's ``/health``, ``/v1/models``, ``/v1/chat/completions``, ``/metrics``
+(:mod:`~sparkconsole.sim.vllm_metrics`); the Hub's model and tree API on a node with internet; ``-s -S -f -o -w '%{http_code}' --max-time``; a chat completion
 takes prefill plus its tokens at the model's decode rate of sim time, :func:`~sparkconsole.sim.
 vllm_logs.chat_seconds`).
 """
@@ -14,7 +14,7 @@ import json
 import re
 
 from sparkconsole.sim import formats as F
-from sparkconsole.sim import vllm_logs
+from sparkconsole.sim import vllm_logs, vllm_metrics
 from sparkconsole.sim.model import (
     MODELS,
     LogLine,
@@ -341,7 +341,8 @@ class NetTools:
         if not urls:
             io.err("curl: no URL specified!\ncurl: try 'curl --help' or 'curl --manual' for more information\n")
             return 2
-        m = re.match(r"(https?)://([^/:]+)(?::(\d+))?(/[^?]*)?(\?.*)?$", urls[0])
+        url = urls[0] if "://" in urls[0] else "http://" + urls[0]  # no scheme: curl guesses http
+        m = re.match(r"(https?)://([^/:]+)(?::(\d+))?(/[^?]*)?(\?.*)?$", url)
         if not m:
             io.err("curl: (3) URL rejected: Malformed input to a URL function\n")
             return 3
@@ -423,13 +424,17 @@ class NetTools:
             body = vllm_logs.models_json(run, created)
         elif path == "/version":
             body = '{"version":"' + run.version + '"}'
+        elif path == "/metrics" and method == "GET":
+            body = vllm_metrics.render(run, self.now(), self.clock.epoch(0.0))
         elif path == "/v1/chat/completions" and method == "POST":
             body, ok = vllm_logs.chat_json(run, data or "", created)
             status = "200 OK" if ok else "400 Bad Request"
             if ok:  # prefill, then one token after the other: the answer comes when the last is decoded
                 took = vllm_logs.chat_seconds(run, body)
+                req = _count_chat(run, self.now(), body, data or "")
                 if max_time is not None and took > max_time:
                     await self.clock.sleep(max_time)
+                    vllm_metrics.chat_aborted(run, req, self.now())
                     return error(28, f"Operation timed out after {int(max_time * 1000)} milliseconds with 0 bytes "
                                      "received")
                 await self.clock.sleep(took)
@@ -445,6 +450,21 @@ class NetTools:
         for c in self.cluster.containers_on(node):
             if c.engine is run:
                 c.log.append(LogLine(self.now(), vllm_logs.access_line(run, path, method, status)))
+
+
+def _count_chat(run, t: float, answer: str, request: str):
+    """Register a chat completion with the engine's ``/metrics`` (its tokens are the answer's
+    ``usage``, so the counters rise by exactly what the client was told)."""
+    usage = json.loads(answer).get("usage") or {}
+    try:
+        req = json.loads(request or "{}")
+    except json.JSONDecodeError:
+        req = {}
+    mt = req.get("max_tokens", req.get("max_completion_tokens")) if isinstance(req, dict) else None
+    msgs = req.get("messages") if isinstance(req, dict) else None
+    return vllm_metrics.chat_started(run, t, int(usage.get("prompt_tokens") or 0),
+                                     int(usage.get("completion_tokens") or 0),
+                                     int(mt) if isinstance(mt, int) else None, json.dumps(msgs, sort_keys=True))
 
 
 def _write_out(fmt: str, status: int) -> str:
