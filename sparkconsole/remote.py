@@ -809,3 +809,45 @@ def docker_state(*names: str) -> RemoteCommand:
         raise ValidationError("docker inspect needs at least one container")
     valid = [validate_container(n) for n in names]
     return command("docker", "inspect", "-f", DOCKER_STATE_FORMAT, *valid)
+
+
+# ---- engines found on their own (issue 24, item 1) ------------------------------------------------
+#
+# Per running container: ``/NAME IMAGE "PATH" ["ARG",…]``. ``Path`` and ``Args`` are what the
+# container's process runs: the daemon splits ENTRYPOINT + CMD into the executable and the rest
+# (moby's ``getEntrypointAndArgs``: ``entrypoint[0], entrypoint[1:] + cmd``, or ``cmd[0], cmd[1:]``
+# without an entrypoint; the Engine API's ContainerInspectResponse documents ``Path`` as "the path to
+# the command being run" and ``Args`` as "the arguments to the command being run"). So an image
+# whose ENTRYPOINT is ``vllm serve`` run with only ``MODEL --port …`` still reads
+# ``"vllm" ["serve","MODEL","--port",…]``, and NGC's reads ``"/opt/nvidia/nvidia_entrypoint.sh"
+# ["vllm","serve",…]``: ``.Config.Cmd`` alone would miss the entrypoint. ``json`` keeps an argument
+# with spaces in one piece. Names and images have no spaces (docker's own rules), so the first two
+# words are theirs.
+ENGINE_INSPECT_FORMAT = "{{.Name}} {{.Config.Image}} {{json .Path}} {{json .Args}}"
+# the names come from ``docker ps`` (running containers only); none: no inspect (it would refuse
+# an empty list with a usage error)
+_ENGINE_CONTAINERS = (
+    "n=$(docker ps --format '{{.Names}}') && { [ -z \"$n\" ] || docker inspect -f "
+    + shlex.quote(ENGINE_INSPECT_FORMAT) + " $n; }")
+# host processes that name an engine (a container's processes are in the host's table too); the
+# bracket keeps grep's own command line out of its matches
+_ENGINE_PROCESSES = "ps -eo pid=,args= | grep -E '[v]llm|[s]glang'"
+
+
+def engine_cmdlines() -> RemoteScript:
+    """One read-only exec listing what could be an inference engine on the node: section
+    ``containers`` (one :data:`ENGINE_INSPECT_FORMAT` line per running container) and section
+    ``processes`` (``PID ARGS`` of host processes naming vllm or sglang; grep's exit 1 there means
+    none). Constant text: no value from a user or a node is in it. Read by
+    :func:`sparkconsole.serving.discover.rows_from_engine_cmdlines`."""
+    return sectioned([("containers", _ENGINE_CONTAINERS), ("processes", _ENGINE_PROCESSES)],
+                     summary="list the node's vLLM and SGLang engines")
+
+
+def metrics_scrape(port: int, timeout_s: int = 2) -> RemoteCommand:
+    """``curl -s -m 2 http://127.0.0.1:PORT/metrics`` run on the node: its loopback reaches an engine
+    bound to 127.0.0.1 (SGLang's default) and one whose port the laptop cannot reach. vLLM guards only
+    ``/v1`` with its API key, so no key is sent; ``-m`` keeps a hung engine from holding the node's
+    connection past a tick."""
+    p = validate_port(port)
+    return command("curl", "-s", "-m", str(max(1, int(timeout_s))), f"http://127.0.0.1:{p}/metrics")

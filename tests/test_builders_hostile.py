@@ -140,6 +140,8 @@ def _builders() -> dict[str, Callable[[str], R.RemoteCommand]]:
                                                                       BENIGN_PATH + "/key"),
         "http_post_json_keyed.key_file": lambda v: R.http_post_json_keyed("http://127.0.0.1:8000/v1/x", "{}", v),
         "http_status.url": lambda v: R.http_status(v),
+        # engines found on their own (issue 24, item 1): a port is a number or nothing
+        "metrics_scrape.port": lambda v: R.metrics_scrape(v),  # type: ignore[arg-type]
     }
 
 

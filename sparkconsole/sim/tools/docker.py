@@ -1287,13 +1287,18 @@ class DockerTools:
                 "Id": ct.id, "Name": "/" + ct.name, "State": st, "Config.Image": ct.image,
                 "Image": "sha256:" + (self.cluster.image_id(self.node_name, IMAGES[_norm_image(ct.image)])
                                       if _norm_image(ct.image) in IMAGES else ""),
-                "HostConfig.NetworkMode": ct.network}
+                "HostConfig.NetworkMode": ct.network,
+                # what the container's process runs: the daemon splits ENTRYPOINT + CMD into the
+                # executable (``Path``) and the rest (``Args``, ``[]`` when none), as the Engine API's
+                # ContainerInspectResponse gives them; ``ct.argv`` is that vector already
+                "Path": ct.argv[0] if ct.argv else "", "Args": list(ct.argv[1:])}
             fields.update({f"State.{k}": v for k, v in st.items()})
             found += 1
             if fmt:
                 io.out(_go_fields(fmt, fields) + "\n")
             else:
-                io.out(json.dumps([{"Id": ct.id, "Name": "/" + ct.name, "State": st,
+                io.out(json.dumps([{"Id": ct.id, "Path": fields["Path"], "Args": fields["Args"],
+                                    "Name": "/" + ct.name, "State": st,
                                     "Config": {"Image": ct.image, "Env": [f"{k}={v}" for k, v in ct.env]},
                                     "HostConfig": {"NetworkMode": ct.network}}], indent=4) + "\n")
         if fmt and not found:
