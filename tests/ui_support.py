@@ -166,8 +166,13 @@ async def dense_view(pilot, app) -> None:
 async def node_detail(pilot, app) -> None:
     await started(pilot, app, ticks=8)
     await pilot.press("1")
-    await app.workers.wait_for_complete()  # the configured units are read on open
-    await pilot.pause()
+    screen = await screen_is(pilot, app, "NodeDetailScreen")
+    # the configured units are read by a worker the screen starts on open: wait for them in the table
+    # (waiting for the app's workers raced that start on a busy machine and drew the table without them)
+    want = len(app.config.services)
+    table = screen.query_one("#containers-table")
+    await holds(pilot, lambda: len(screen.units) == want and table.row_count >= want,
+                "the configured units in the services table")
 
 
 async def help_screen(pilot, app) -> None:
