@@ -419,11 +419,6 @@ def kill_job(pid: int) -> RemoteCommand:
     return command("kill", "-TERM", "--", f"-{int(pid)}", mutating=True, summary=f"stop job {int(pid)}")
 
 
-def file_from(path: str, offset: int) -> RemoteCommand:
-    """``tail -c +N FILE``: a growing log read from byte ``offset`` (0-based) on."""
-    return command("tail", "-c", f"+{int(offset) + 1}", validate_path(path))
-
-
 FILE_CHUNK_BYTES = 1 << 20  # the most one read of a growing log brings back
 
 

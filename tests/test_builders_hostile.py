@@ -96,7 +96,6 @@ def _builders() -> dict[str, Callable[[str], R.RemoteCommand]]:
         "serve_in_container.argv": lambda v: R.serve_in_container("c1", ["vllm", "serve", v], BENIGN_PATH + "/l"),
         "serve_in_container.log": lambda v: R.serve_in_container("c1", ["vllm", "serve", "m/x"], v),
         "serve_in_container.env": lambda v: R.serve_in_container("c1", ["vllm"], BENIGN_PATH + "/l", env=[("K", v)]),
-        "file_from.path": lambda v: R.file_from(v, 0),
         "JobFiles.under.name": lambda v: R.detached(BENIGN_PATH, R.JobFiles.under(BENIGN_PATH, v), R.command("true")),
         "detached.job_dir": lambda v: R.detached(v, job, R.command("true")),
         "detached.inner": lambda v: R.detached(BENIGN_PATH, job, R.command("echo", v)),

@@ -332,17 +332,6 @@ class Runner:
             return "running", _last_int(word.split()[-1])
         return word or "unknown", None
 
-    async def _job_ended_badly(self, job: Job) -> str | None:
-        """How a saved job ended when it did not end well (``"ended with exit 2"``, ``"is gone"``);
-        ``None`` while it runs, when it ended with 0, or when its node does not answer now (then
-        :meth:`wait_job` decides)."""
-        word, _pid = await self._look_for_job(job.node, job.files)
-        if word in ("lost", "none"):
-            return "is gone without an exit code"
-        if word.startswith("rc ") and word != "rc 0":
-            return f"ended with exit {word[3:].strip() or '?'}"
-        return None
-
     async def wait_job(self, job: Job, on_output: Callable[[str], None] | None = None,
                        deadline_s: float | None = None) -> int:
         """Poll the job until it ends; its exit code. A job that neither runs nor left an exit code
