@@ -846,3 +846,110 @@ def metrics_scrape(port: int, timeout_s: int = 2) -> RemoteCommand:
     connection past a tick."""
     p = validate_port(port)
     return command("curl", "-s", "-m", str(max(1, int(timeout_s))), f"http://127.0.0.1:{p}/metrics")
+
+
+# The serving poll's page read, as the probe runs it: ``$1`` the port, ``$2`` the pattern of the lines
+# the console reads. The page is filtered on the node (``grep -E``) so only those lines cross the
+# connection; curl's own error line (``-S``: ``curl: (7) Failed to connect …``) passes the filter so
+# the console can say why an engine did not answer. Without ``pipefail`` (POSIX sh) the exit code is
+# grep's: 0 when a line came back, 1 for a page with none of the engines' metrics.
+METRICS_PAGE_SCRIPT = 'curl -sS -m 2 "http://127.0.0.1:$1/metrics" 2>&1 | grep -E "$2"'
+
+
+def metrics_probe(port: int) -> RemoteCommand:
+    """One engine's ``/metrics`` read on the node's loopback and filtered there to the lines
+    :func:`sparkconsole.serving.metrics.parse_metrics` reads (plus curl's error line). The probe's
+    ``metrics-PORT`` section runs the same script with the port from its request line
+    (:func:`sparkconsole.probe.script.probe_script`); the pattern is a constant of the parser."""
+    from sparkconsole.serving.metrics import sample_pattern
+
+    p = validate_port(port)
+    return command("sh", "-c", METRICS_PAGE_SCRIPT, "sh", str(p), sample_pattern() + "|^curl: ",
+                   summary=f"read the engine metrics on port {p}")
+
+
+# ---- benchmark (issue 24, item 4) ---------------------------------------------------------------------
+#
+# ``vllm bench serve`` runs in the engine's own container (the image has it, and its tokenizer reaches
+# the model's files there); ``llama-benchy`` runs on the head through ``uvx``. Both talk to the engine on
+# the head's loopback, are bounded by ``timeout`` (a hung engine does not hold the node's connection),
+# and are marked mutating: they put load on a served endpoint, so they are shown and confirmed first.
+# An engine with an API key gets it from the head's key file through :func:`with_key_from_file`
+# (``OPENAI_API_KEY``: what vLLM's openai backends send as ``Authorization: Bearer``); its value is in
+# no command line.
+
+BENCH_KEY_ENV = "OPENAI_API_KEY"
+_SERVED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,199}$")
+
+
+def validate_served_name(value: str) -> str:
+    """Return ``value`` if it is a plausible served model name (``--served-model-name``, a repo id, a path)."""
+    if not isinstance(value, str) or not _SERVED.fullmatch(value) or ".." in value.split("/"):
+        raise ValidationError(f"not a served model name: {value!r}")
+    return value
+
+
+def _bench_int(name: str, value: int, low: int, high: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValidationError(f"{name} must be a whole number from {low} to {high}: {value!r}")
+    return str(value)
+
+
+def vllm_bench_serve(container: str, port: int, served: str, tokenizer: str, *, concurrency: int,
+                     num_prompts: int, input_len: int, output_len: int, result_dir: str, result_filename: str,
+                     time_limit_s: int = 600, key_file: str | None = None) -> RemoteScript:
+    """``docker exec CONTAINER timeout T vllm bench serve --backend openai-chat --base-url
+    http://127.0.0.1:PORT --endpoint /v1/chat/completions --model SERVED --tokenizer TOK --dataset-name
+    random --random-input-len N --random-output-len M --num-prompts R --max-concurrency C --save-result
+    --result-dir D --result-filename F``, then ``docker exec CONTAINER cat D/F``: sections ``bench``
+    (its stdout) and ``result`` (the JSON it saved). ``key_file``: the head's API key file, passed as
+    ``OPENAI_API_KEY`` (:func:`with_key_from_file`)."""
+    p = validate_port(port)
+    d = validate_path(result_dir)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,120}\.json", result_filename):
+        raise ValidationError(f"not a result file name: {result_filename!r}")
+    argv = ["timeout", _bench_int("the time limit", time_limit_s, 10, 86_400), "vllm", "bench", "serve",
+            "--backend", "openai-chat", "--base-url", f"http://127.0.0.1:{p}", "--endpoint", "/v1/chat/completions",
+            "--model", validate_served_name(served), "--tokenizer", validate_served_name(tokenizer),
+            "--dataset-name", "random", "--random-input-len", _bench_int("the input length", input_len, 1, 1_000_000),
+            "--random-output-len", _bench_int("the output length", output_len, 1, 1_000_000),
+            "--num-prompts", _bench_int("the requests", num_prompts, 1, 100_000),
+            "--max-concurrency", _bench_int("the concurrency", concurrency, 1, 1024),
+            "--save-result", "--result-dir", d, "--result-filename", result_filename]
+    summary = f"benchmark {served} at concurrency {concurrency} with vllm bench serve in {container}"
+    bench: RemoteCommand = docker_exec(container, argv, mutating=True, summary=summary)
+    if key_file is not None:
+        bench = with_key_from_file(bench, key_file, name=BENCH_KEY_ENV)
+    read = docker_exec(container, ["cat", f"{d.rstrip('/')}/{result_filename}"])
+    script = sectioned([("bench", bench), ("result", f"{read.shell()} && echo")], summary=summary)
+    return RemoteScript((), mutating=True, summary=script.summary, text=script.text)
+
+
+def llama_benchy(port: int, served: str, concurrencies: list[int] | tuple[int, ...], pp: int, tg: int, *,
+                 runs: int = 3, tokenizer: str | None = None, time_limit_s: int = 600) -> RemoteCommand:
+    """``timeout T uvx llama-benchy --base-url http://127.0.0.1:PORT/v1 --model SERVED [--tokenizer ID]
+    --pp N --tg M --depth 0 --concurrency C1 C2 … --runs K --latency-mode generation --format md`` on the
+    head (the options of the published Spark runs). ``tokenizer`` only when it is a Hub repo id."""
+    p = validate_port(port)
+    concs = [_bench_int("a concurrency", c, 1, 1024) for c in concurrencies]
+    if not concs:
+        raise ValidationError("llama-benchy needs at least one concurrency")
+    argv = ["timeout", _bench_int("the time limit", time_limit_s, 10, 86_400), "uvx", "llama-benchy",
+            "--base-url", f"http://127.0.0.1:{p}/v1", "--model", validate_served_name(served)]
+    if tokenizer is not None:
+        argv += ["--tokenizer", validate_model_id(tokenizer)]
+    argv += ["--pp", _bench_int("the prompt length", pp, 1, 1_000_000),
+             "--tg", _bench_int("the generation length", tg, 1, 1_000_000), "--depth", "0",
+             "--concurrency", *concs, "--runs", _bench_int("the runs", runs, 1, 100),
+             "--latency-mode", "generation", "--format", "md"]
+    return command(*argv, mutating=True, summary=f"benchmark {served} at concurrency {' '.join(concs)} with llama-benchy")
+
+
+def uvx_available() -> RemoteScript:
+    """``command -v uvx``: whether the head has uv's tool runner (exit 1 and nothing when not)."""
+    return RemoteScript((), text="command -v uvx", summary="is uvx on the head")
+
+
+def home_dir() -> RemoteScript:
+    """``echo "$HOME"``: the login user's home (where the API key file is)."""
+    return RemoteScript((), text='echo "$HOME"', summary="the login user's home")

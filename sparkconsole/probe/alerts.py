@@ -56,6 +56,45 @@ def node_alerts(state: NodeState) -> list[Alert]:
         if c.state == "restarting" or (c.status or "").startswith("Restarting"):
             out.append(Alert(state.name, "warning", f"container {c.name} is restarting",
                              kind="container-restarting", subject=c.name))
+    if state.status is NodeStatus.UP:  # a node that does not answer says nothing of its engines
+        out.extend(engine_alerts(state))
+    return out
+
+
+KV_FULL = 0.95  # vLLM preempts when it cannot grow a running request's blocks: near full is the warning
+KV_BUSY = 0.90
+
+
+def engine_alerts(state: NodeState) -> list[Alert]:
+    """What the serving poll sees going wrong (issue 24): the signals vLLM's own DGX Spark guide
+    says to watch (KV usage, running/waiting, preemptions), and an engine gone quiet. The subject is
+    the engine's port, so two engines on one node are two alerts."""
+    out: list[Alert] = []
+    sample = state.sample
+    running = {c.name for c in sample.containers if c.state == "running"} if sample else set()
+    for port, watch in sorted(state.engines.items()):
+        e = watch.engine
+        name = f"{e.model or e.kind} on :{port}"
+        subject = str(port)
+        if watch.silent and (e.on_host or e.where in running):
+            where = "its process" if e.on_host else f"container {e.where}"
+            out.append(Alert(state.name, "critical", f"{name} stopped answering /metrics ({watch.reason}) while "
+                             f"{where} runs", kind="engine-silent", subject=subject))
+            continue
+        f = watch.figures()
+        if not f.answering:
+            continue
+        kv = f.kv_cache_usage
+        if f.preemptions_1m:
+            out.append(Alert(state.name, "warning", f"{name}: {f.preemptions_1m:.0f} preemptions in the last "
+                             "minute (KV cache too small for the load: requests are recomputed)",
+                             kind="engine-preempting", subject=subject))
+        if f.waiting_rising and kv is not None and kv >= KV_BUSY:
+            out.append(Alert(state.name, "warning", f"{name}: queue growing ({f.requests_waiting:.0f} waiting) "
+                             f"while the KV cache is {kv:.0%} full", kind="engine-queue", subject=subject))
+        if kv is not None and kv >= KV_FULL:
+            out.append(Alert(state.name, "warning", f"{name}: KV cache {kv:.0%} full", kind="engine-kv-full",
+                             subject=subject))
     return out
 
 

@@ -22,12 +22,27 @@ from collections.abc import Callable, Sequence
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.errors import UserError
 from sparkconsole.probe.samples import NodeSample
-from sparkconsole.probe.script import MARK, probe_command, sections_for_tick, split_tick
+from sparkconsole.probe.script import (
+    ENGINES,
+    MARK,
+    METRICS_PREFIX,
+    SERVING_SECTIONS,
+    SectionOutput,
+    metrics_section,
+    probe_command,
+    sections_for_tick,
+    split_tick,
+)
 from sparkconsole.probe.state import NodeState, NodeStatus
+from sparkconsole.serving.discover import discover
+from sparkconsole.serving.watch import EngineWatch, version_from_image
 from sparkconsole.transport.base import LongProcess, Transport
 
 STALE_AFTER_FAILURES = 1
 DOWN_AFTER_FAILURES = 3
+# The serving poll reads each engine's page every this many ticks (6 s at the default 2 s): slower
+# than the hardware, one request per engine then, inside the tick's one batched probe request
+SERVING_EVERY = 3
 
 
 def _reason(exc: BaseException) -> str:
@@ -66,8 +81,12 @@ class NodePoller:
         tick_timeout: float = 15.0,
         clock: Callable[[], float] = time.time,
         state: NodeState | None = None,
+        serving: bool = True,
     ) -> None:
         self.node = node
+        self.serving = serving  # the serving poll: find engines, read their /metrics
+        self._engines_for: frozenset[str] | None = None  # the running containers at the last discovery
+        self._pages_due = False
         self.transport = transport
         self.interval = interval
         self.tick_timeout = tick_timeout
@@ -178,7 +197,7 @@ class NodePoller:
 
             state = self.state
             state.last_attempt_at = self.clock()
-            wanted = sections_for_tick(self._tick if state.sample is not None else 0)
+            wanted = self._wanted(self._tick if state.sample is not None else 0)
             started = time.monotonic()
             try:
                 lines = await self._tick_lines(wanted)
@@ -194,6 +213,8 @@ class NodePoller:
                 self._fail(_reason(exc))
                 return state
             sections = split_tick(lines)
+            serving = {n: sections.pop(n) for n in list(sections)
+                       if n in SERVING_SECTIONS or n.startswith(METRICS_PREFIX)}
             sample = assemble_sample(self.node.name, self.clock(), sections, previous=state.sample)
             sample = _with_probe_ms(sample, min(self._answer_s, time.monotonic() - started) * 1000.0)
             state.sample = sample
@@ -202,8 +223,65 @@ class NodePoller:
             state.status = NodeStatus.UP
             state.reason = "up"
             state.history.record(sample)
+            if serving:
+                self._serving_read(serving, sample.taken_at)
             self._tick += 1
             return state
+
+    def _running(self) -> frozenset[str] | None:
+        sample = self.state.sample
+        if sample is None:
+            return None
+        return frozenset(c.name for c in sample.containers if c.state == "running")
+
+    def _wanted(self, tick: int) -> tuple[str, ...]:
+        """The sections of this tick: the hardware's by their cadence; with the serving poll, the
+        engines' discovery by its own (and again as soon as the running containers changed) and one
+        page per known engine every :data:`SERVING_EVERY` ticks."""
+        wanted = sections_for_tick(tick)
+        if not self.serving:
+            return wanted
+        running = self._running()
+        if tick % ENGINES.every == 0 or (running is not None and running != self._engines_for):
+            wanted += (ENGINES.name,)
+            self._engines_for = running
+        if tick % SERVING_EVERY == 0 or self._pages_due:
+            self._pages_due = False
+            wanted += tuple(metrics_section(port) for port in sorted(self.state.engines))
+        return wanted
+
+    async def read_pages(self) -> None:
+        """Read every known engine's page now, and only that: the node's sample is left as it is
+        (``snapshot`` reads the pages of the engines its one full probe found)."""
+        if not self.state.engines:
+            return
+        async with self._lock:
+            try:
+                lines = await self._tick_lines(tuple(metrics_section(p) for p in sorted(self.state.engines)))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                return  # the engines keep "not read yet"; the node's status is the hardware tick's
+            self._serving_read(split_tick(lines), self.clock())
+
+    def _serving_read(self, sections: dict[str, SectionOutput], t: float) -> None:
+        engines = self.state.engines
+        found = sections.get("engines")
+        if found is not None and found.rc is not None:
+            now = {e.port: e for e in discover(found.text, node=self.node.name)}
+            for port in [p for p in engines if p not in now]:
+                del engines[port]  # stopped: its figures go with it
+            for port, eng in now.items():
+                watch = engines.get(port)
+                if watch is None or watch.engine != eng:
+                    engines[port] = EngineWatch(eng, version=version_from_image(eng.image))
+            if now and not any(n.startswith(METRICS_PREFIX) for n in sections):
+                self._pages_due = True  # read the new engines' pages on the next tick
+        for name, out in sections.items():
+            if name.startswith(METRICS_PREFIX):
+                watch = engines.get(int(name[len(METRICS_PREFIX):]))
+                if watch is not None:
+                    watch.record(t, out.text, out.rc)
 
     def _fail(self, reason: str) -> None:
         state = self.state
@@ -259,6 +337,7 @@ class ClusterPoller:
         interval: float = 2.0,
         transport_factory: Callable[[NodeConfig], Transport] | None = None,
         clock: Callable[[], float] = time.time,
+        serving: bool = True,
     ) -> None:
         from sparkconsole.transport import node_transport
 
@@ -266,7 +345,8 @@ class ClusterPoller:
         self.config = config
         self.interval = interval
         self.pollers = {
-            n.name: NodePoller(n, factory(n), interval=interval, clock=clock) for n in config.nodes
+            n.name: NodePoller(n, factory(n), interval=interval, clock=clock, serving=serving)
+            for n in config.nodes
         }
 
     @property
@@ -305,13 +385,24 @@ async def snapshot_cluster(
         p.tick_timeout = timeout
         p.patience = timeout  # one shot: the node has the whole timeout to connect and answer
     try:
-        return await poller.poll_all()
+        states = await poller.poll_all()
+        # the first request found the engines; a second one reads their pages, and only those
+        again = [p for p in poller.pollers.values() if p.state.engines and p.state.status is NodeStatus.UP]
+        if again:
+            await asyncio.gather(*(p.read_pages() for p in again))
+        return states
     finally:
         await poller.close()
 
 
+def engines_to_json(states: Sequence[NodeState]) -> list[dict[str, object]]:
+    """``snapshot --json``'s ``engines``: one object per engine found, node by node."""
+    return [w.figures().contract_dict() for s in states for _, w in sorted(s.engines.items())]
+
+
 def states_to_json(states: Sequence[NodeState]) -> dict[str, object]:
     return {
+        "engines": engines_to_json(states),
         "nodes": [
             {
                 "node": s.name,

@@ -20,8 +20,11 @@ section's ``argv`` through its command emulator, so both are read by the same pa
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
+
+from sparkconsole import remote
 
 MARK = "::sparkprobe::"
 HEADER = "# sparkconsole probe v1"
@@ -82,8 +85,31 @@ SECTIONS: tuple[ProbeSection, ...] = (
     ProbeSection("ray-status", ("ray", "status"), every=5, optional=True),
     ProbeSection("df", ("df", "-B1", "-P", "/"), every=30),
 )
+# The serving poll's (issue 24), asked by the poller on its own cadence, not part of the node's
+# sample: which vLLM/SGLang servers run here (every ``every`` ticks and whenever the running
+# containers change); each one's page is its own ``metrics-PORT`` section (:data:`METRICS_PREFIX`)
+ENGINES = ProbeSection("engines", ("sh", "-c", remote.engine_cmdlines().text), every=30, optional=True)
+SERVING_SECTIONS = frozenset({ENGINES.name})
+METRICS_PREFIX = "metrics-"
 
-SECTION_BY_NAME: dict[str, ProbeSection] = {s.name: s for s in SECTIONS}
+SECTION_BY_NAME: dict[str, ProbeSection] = {s.name: s for s in (*SECTIONS, ENGINES)}
+
+
+def metrics_section(port: int) -> str:
+    """The section name that reads the engine page on ``port`` (``metrics-8000``)."""
+    return METRICS_PREFIX + str(remote.validate_port(port))
+
+
+def section_shell(name: str) -> str | None:
+    """The shell text of section ``name`` (``metrics-PORT`` included), or None for an unknown name:
+    what the probe script runs for it, for a twin that answers the protocol itself."""
+    sec = SECTION_BY_NAME.get(name)
+    if sec is not None:
+        return sec.shell()
+    m = re.fullmatch(METRICS_PREFIX + r"([0-9]{1,5})", name)
+    if m and 0 < int(m.group(1)) < 65536:
+        return remote.metrics_probe(int(m.group(1))).shell()
+    return None
 
 
 def sections_for_tick(tick: int) -> tuple[str, ...]:
@@ -91,7 +117,7 @@ def sections_for_tick(tick: int) -> tuple[str, ...]:
     return tuple(s.name for s in SECTIONS if tick % s.every == 0)
 
 
-def probe_script(sections: tuple[ProbeSection, ...] = SECTIONS) -> str:
+def probe_script(sections: tuple[ProbeSection, ...] = (*SECTIONS, ENGINES)) -> str:
     """The shell program the node runs for the whole session (POSIX sh).
 
     Each section is wrapped in ``timeout`` when the node has it, so one hung tool (a wedged
@@ -100,6 +126,13 @@ def probe_script(sections: tuple[ProbeSection, ...] = SECTIONS) -> str:
     cases = []
     for s in sections:
         cases.append(f"    {s.name}) $T {s.shell()} 2>&1 ;;")
+    # ``metrics-PORT``: the port comes from the request line, so it is checked to be digits here
+    # before it reaches the command (the console only ever asks for ports it validated)
+    page = remote.metrics_probe(8000)
+    script, pattern = page.argv[2], page.argv[5]
+    cases.append(f"    {METRICS_PREFIX}*) p=${{s#{METRICS_PREFIX}}}; case \"$p\" in ''|*[!0-9]*) "
+                 f"echo \"not a port: $p\"; false ;; *) $T sh -c {shlex.quote(script)} sh \"$p\" "
+                 f"{shlex.quote(pattern)} 2>&1 ;; esac ;;")
     body = "\n".join(cases)
     return f"""{HEADER}
 export LC_ALL=C

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from sparkconsole.probe.samples import NodeSample
+from sparkconsole.serving.watch import EngineWatch
 
 HISTORY_POINTS = 600  # 10 minutes at 1 s
 
@@ -86,6 +87,8 @@ class NodeState:
     last_attempt_at: float | None = None
     failures: int = 0
     history: History = field(default_factory=History)
+    #: the engines found on the node by port, each with its pages (the serving poll, issue 24)
+    engines: dict[int, EngineWatch] = field(default_factory=dict)
 
     def age(self, now: float) -> float | None:
         return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)

@@ -360,3 +360,17 @@ def contract_dict(engines: Iterable[EngineMetrics]) -> dict[str, list[dict[str, 
         "histograms": {"ttft": _hist_dict(e.ttft), "itl": _hist_dict(e.itl), "e2e": _hist_dict(e.e2e),
                        "queue_time": _hist_dict(e.queue_time)},
     } for e in engines]}
+
+
+def sample_pattern() -> str:
+    """An extended regex (``grep -E``) for exactly the sample lines :func:`parse_metrics` reads.
+
+    The node filters its own page with it before the text crosses the SSH connection: a full vLLM
+    page is ~45 KB (``python_*``, ``process_*``, ``http_*``, ``_created`` and the histograms the
+    console does not show), the lines read here are a fraction of it, and the parse costs in
+    proportion (``benchmarks/ui_cost.py``). Names come from the same tables the parser uses, so the
+    two cannot drift; a name is followed by its labels or by the value (``NAME{`` / ``NAME ``), so
+    ``vllm:time_per_output_token_seconds`` never matches ``…request_time_per_output_token…``."""
+    scalars = sorted({n for t in _SCALARS.values() for names in t.values() for n in names})
+    hists = sorted({n for t in _HISTOGRAMS.values() for names in t.values() for n in names})
+    return "^(" + "|".join(scalars) + "|(" + "|".join(hists) + ")_(bucket|count|sum))[{ ]"

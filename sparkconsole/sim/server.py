@@ -42,7 +42,7 @@ from pathlib import Path
 import asyncssh
 
 from sparkconsole.config import ClusterConfig, NodeConfig
-from sparkconsole.probe.script import HEADER, MARK, SECTION_BY_NAME
+from sparkconsole.probe.script import HEADER, MARK, section_shell
 from sparkconsole.sim.clock import SimClock
 from sparkconsole.sim.model import SimCluster
 from sparkconsole.sim.shell import Shell
@@ -230,13 +230,13 @@ class NodeServer:
             out = [f"{MARK} begin {seq}\n"]
             for name in line.split():
                 out.append(f"{MARK} section {name}\n")
-                sec = SECTION_BY_NAME.get(name)
+                sec = section_shell(name)
                 if sec is None:
                     out.append(f"unknown section: {name}\n")
                     rc = 1
                 else:
                     buf: list[str] = []
-                    rc = await shell.run(sec.shell(), buf.append, buf.append)
+                    rc = await shell.run(sec, buf.append, buf.append)
                     text = "".join(buf)
                     if text and not text.endswith("\n"):
                         text += "\n"
