@@ -481,6 +481,7 @@ class EngineRun:
     # the attention block size, for the KV usage; the figures themselves, per run (a restart starts at 0)
     kv_cache_tokens: int = 0
     kv_block_size: int = 16
+    max_num_seqs: int = 0  # --max-num-seqs, else vLLM's default (0: unknown, vllm_metrics takes 1024)
     metrics: Any = None
 
     @property

@@ -398,6 +398,8 @@ class ServePlan:
             sc.log(5.2, api, "INFO", "config.py:448", f"Padding mamba page size by {pad:.2f}% to ensure that mamba "
                    "page size and attention page size are exactly equal.")
         nbt = self.nbt = args.max_num_batched_tokens or (8192 if self.new else 2048)
+        # the same branch of EngineArgs.get_batch_defaults (vllm/engine/arg_utils.py) sets both defaults
+        run.max_num_seqs = args.max_num_seqs or (1024 if self.new else 256)
         sc.log(5.2, api, "INFO", "scheduler.py:231", f"Chunked prefill is enabled with max_num_batched_tokens={nbt}.")
         sc.log(9.4, self.core, "INFO", "core.py:93",
                f"Initializing a V1 LLM engine (v{self.version}) with config: model='{args.model}', "

@@ -24,23 +24,51 @@ What is left out, and why:
 * ``vllm:num_requests_waiting_by_reason``: only the 0.22.1rc1 dump has it, without HELP/TYPE, and
   the sim runs nothing that new.
 
-What the figures follow. Each chat completion the sim serves (:mod:`sparkconsole.sim.tools.net`)
-is registered with :func:`chat_started` and takes the sim's own timing model
-(:mod:`sparkconsole.sim.vllm_logs`: a fixed latency plus prefill at ``PREFILL_TOK_S``, then one
-token every ``1/decode_rate`` seconds, the same arithmetic that decides how long ``curl`` waits).
-Figures are computed from sim time at each scrape, so they are deterministic and move as a real
-engine's would: the prompt tokens count from the first token on, generation tokens one by one,
-TTFT is observed at the first token, the inter-token latency per token, the per-request histograms
-and ``request_success`` when the request ends. An engine with steady background traffic (the
-story's ``vllm-glm``: the stats line every 10 s) counts each active slot as one request with the
-tokens and the KV usage its log line reports, so ``/metrics`` and ``docker logs`` agree (but for
-the running count and KV where two slots' requests overlap).
+What the figures follow. Each chat completion the sim serves (:mod:`sparkconsole.sim.tools.net`,
+or any tool that calls :func:`chat_started` and waits until the returned request's ``end``) goes
+through a scheduler model of the engine (:class:`Sched`). Figures are computed from sim time at each
+scrape (no wall clock), so they are deterministic and move as a real engine's would: the prompt
+tokens count from the first token on, generation tokens one by one, TTFT is observed at the first
+token, the inter-token latency per token, the per-request histograms and ``request_success`` when
+the request ends. An engine with steady background traffic (the story's ``vllm-glm``: the stats line
+every 10 s) counts each active slot as one request with the tokens and the KV usage its log line
+reports, so ``/metrics`` and ``docker logs`` agree (but for the running count and KV where two
+slots' requests overlap); those slots stay outside the scheduler.
 
-Concurrency: the sim serves every request at once (its timing model has no batch limit and no
-queue), so ``num_requests_running`` counts the requests in flight, ``num_requests_waiting`` and
-``num_preemptions`` stay 0 and the queue time is 0. KV usage is the blocks the in-flight requests
-hold (prompt plus tokens generated so far, rounded up to the block size) over the engine's
-``GPU KV cache size`` (the figure its start-up log prints), capped at 1.
+The scheduler, in the spirit of vLLM V1's (``vllm/v1/core/sched/scheduler.py``
+``Scheduler.schedule()``), in continuous sim time:
+
+* at most ``max_num_seqs`` requests run (``--max-num-seqs``, else vLLM's default for the OpenAI
+  server on a GPU of 70 GiB or more that is not an A100, as a Spark's GB10 is: 1024, 256 on the
+  0.14 image whose 2048 batched tokens come from the other branch of ``EngineArgs.get_batch_defaults``
+  in ``vllm/engine/arg_utils.py``; :attr:`EngineRun.max_num_seqs` set by the serve planner); the
+  others wait first come first served, the head of the queue blocking the rest (FCFS);
+* a request is admitted when the KV blocks of its tokens are free (``KVCacheManager.allocate_slots``):
+  blocks are ``ceil((prompt + generated) / block size)`` over the engine's ``GPU KV cache size``
+  (the figure its start-up log prints); a prompt too long for the free blocks waits;
+* once admitted it prefills (the sim's timing model, :mod:`sparkconsole.sim.vllm_logs`: a fixed
+  latency plus the prompt at ``PREFILL_TOK_S``), then decodes one token every ``1/rate``, where the
+  per-request rate falls as the batch grows: ``decode_rate / (1 + BATCH_SLOWDOWN * (running - 1))``
+  (0.1: the engine's total rises 3.1x at 4 running, 4.7x at 8, while each token comes 1.3x, 1.7x
+  later, as a memory-bound decode does). Alone, a request takes exactly
+  :func:`~sparkconsole.sim.vllm_logs.chat_seconds`, as before;
+* a running request that needs one more block when none is free preempts the last scheduled
+  running request (``self.running.pop()``; RECOMPUTE: its blocks are freed, it goes back to the
+  front of the waiting queue, ``num_preemptions`` + 1; readmitted, it prefills prompt plus output
+  again and goes on);
+* ``num_requests_waiting`` counts the requests queued at the scrape, ``request_queue_time_seconds``
+  observes arrival to first scheduling, ``request_inference_time_seconds`` scheduling to the end,
+  ``request_prefill_time_seconds`` scheduling to the first token; ``kv_cache_usage_perc`` is the
+  running requests' blocks over the cache, capped at 1.
+
+Each arrival or abort takes the scheduler to that time and projects every request in flight to its
+end assuming nothing more arrives; a later arrival can push a request's ``end`` later (a bigger
+batch, a preemption), never earlier, so a client waits on ``end`` again after each wait (an abort can
+bring others' ends earlier; a client already waiting answers at the end it waited for). A scrape
+reads each request's timeline (``Request.segs``), O(requests in flight).
+
+Not modelled: chunked prefill and the batched-token budget (prefills do not slow decodes), prefix
+-cache hits saving blocks or recompute, priorities, swapping (V0), the DP/TP split of the batch.
 
 The state lives on the :class:`~sparkconsole.sim.model.EngineRun` (``run.metrics``): one per served
 process, so two engines on a cluster are distinct and a restarted engine (a new run) starts at 0.
@@ -153,11 +181,18 @@ class Hist:
 
 @dataclass
 class Request:
-    """One request as the engine sees it: arrival, when its first and last tokens come, its tokens."""
+    """One request as the engine sees it: arrival, when its first and last tokens come, its tokens.
+
+    A chat completion goes through the scheduler model (:class:`Sched`): its timeline is ``segs``,
+    ``(time, kind, tokens generated, decode rate)`` with kind ``w`` waiting, ``p`` prefilling, ``d``
+    decoding (tokens grow at the rate from there); ``sched`` is when it was first scheduled,
+    ``preempts`` when it was preempted. ``first`` and ``end`` follow from them, and ``end`` moves later
+    when later arrivals slow the batch or preempt it (a client waits on ``end``, re-read after each
+    wait). A background slot has no ``segs``: it decodes at ``rate`` from ``first`` on."""
 
     t0: float
     first: float  # sim time of the first token
-    rate: float  # decode tokens/s after the first
+    rate: float  # decode tokens/s after the first (alone in the batch)
     prompt: int
     completion: int
     max_tokens: int  # the effective limit (the request's, else max_model_len - prompt)
@@ -166,15 +201,78 @@ class Request:
     reason: str = "stop"
     kv_frac: float | None = None  # background slots: the KV share their stats line prints
     end: float = 0.0
+    segs: list[tuple[float, str, float, float]] = field(default_factory=list)
+    sched: float | None = None
+    preempts: list[float] = field(default_factory=list)
+    commit: tuple[int, int, float | None] = (0, 0, None)  # (len(segs), len(preempts), sched) as of the last event
 
     def __post_init__(self) -> None:
         if not self.end:
             self.end = self.first + max(0, self.completion - 1) / self.rate
 
+    def seg_at(self, t: float) -> tuple[float, str, float, float] | None:
+        for seg in reversed(self.segs):
+            if seg[0] <= t:
+                return seg
+        return None
+
     def generated(self, t: float) -> int:
-        if t < self.first:
+        if not self.segs:
+            if t < self.first:
+                return 0
+            return min(self.completion, 1 + int((t - self.first) * self.rate + 1e-9))
+        if t >= self.end:
+            return self.completion
+        seg = self.seg_at(t)
+        if seg is None:
             return 0
-        return min(self.completion, 1 + int((t - self.first) * self.rate + 1e-9))
+        ts, kind, x, rate = seg
+        if kind != "d":
+            return int(x)
+        return min(self.completion, int(x + (t - ts) * rate + 1e-9))
+
+    def phase(self, t: float) -> str:
+        """``w`` waiting, ``r`` running (prefill or decode), ``-`` not in the engine at ``t``."""
+        if t < self.t0 or t >= self.end:
+            return "-"
+        if not self.segs:
+            return "r"
+        seg = self.seg_at(t)
+        return "-" if seg is None else "w" if seg[1] == "w" else "r"
+
+    def token_time(self, j: int) -> float:
+        """When token ``j`` (1-based) came out."""
+        for i, (ts, kind, x, rate) in enumerate(self.segs):
+            if kind != "d":
+                continue
+            te = self.segs[i + 1][0] if i + 1 < len(self.segs) else self.end
+            if x < j <= x + (te - ts) * rate + 1e-9:
+                return ts + (j - x) / rate
+        return self.end
+
+    def itl(self, t: float) -> list[tuple[float, float]]:
+        """The inter-token latencies of the tokens out by ``t``: (seconds, how many). Within a
+        decode stretch one token every ``1/rate``; the first token of a stretch the exact gap since
+        the token before (a rate change, or a preemption's wait and recompute)."""
+        if not self.segs:
+            gen = self.generated(t)
+            return [(1.0 / self.rate, gen - 1)] if gen > 1 else []
+        out: list[tuple[float, float]] = []
+        prev: float | None = None
+        for i, (ts, kind, x, rate) in enumerate(self.segs):
+            if kind != "d" or ts > t:
+                continue
+            te = min(t, self.segs[i + 1][0] if i + 1 < len(self.segs) else self.end)
+            j0 = int(x + 1e-9)
+            j1 = min(self.completion, int(x + (te - ts) * rate + 1e-9))
+            if j1 <= j0:
+                continue
+            if j0 >= 1 and prev is not None:
+                out.append((ts + (j0 + 1 - x) / rate - prev, 1.0))
+            if j1 - j0 > 1:
+                out.append((1.0 / rate, float(j1 - j0 - 1)))
+            prev = ts + (j1 - x) / rate
+        return out
 
 
 @dataclass
@@ -198,6 +296,7 @@ class EngineMetrics:
     flight: list[Request] = field(default_factory=list)
     seen_prompts: set[str] = field(default_factory=set)
     bg_slot: int = 0  # background slots folded in so far (1..bg_slot)
+    sched: Sched | None = None  # the scheduler of its chat completions (made on the first)
 
 
 def state(run: EngineRun) -> EngineMetrics:
@@ -208,6 +307,7 @@ def state(run: EngineRun) -> EngineMetrics:
 
 def _account(c: Counters, r: Request, t: float) -> None:
     """What request ``r`` has added to the figures by sim time ``t``."""
+    c.add("vllm:num_preemptions", sum(1 for p in r.preempts if p <= t))
     gen = r.generated(t)
     if gen == 0:
         if t >= r.end:  # aborted before its first token
@@ -222,12 +322,14 @@ def _account(c: Counters, r: Request, t: float) -> None:
     h["vllm:time_to_first_token_seconds"].observe(ttft)
     h["vllm:iteration_tokens_total"].observe(r.prompt - r.hits + 1)  # the prefill step makes the first token
     h["vllm:iteration_tokens_total"].observe(1.0, gen - 1)  # then one decode step per token
-    h["vllm:inter_token_latency_seconds"].observe(1.0 / r.rate, gen - 1)
-    h[DEPRECATED_ITL].observe(1.0 / r.rate, gen - 1)
+    for v, n in r.itl(t):
+        h["vllm:inter_token_latency_seconds"].observe(v, n)
+        h[DEPRECATED_ITL].observe(v, n)
     if t < r.end:
         return
     c.success[r.reason] = c.success.get(r.reason, 0.0) + 1
     decode = max(0.0, r.end - r.first)
+    sched = r.t0 if r.sched is None else r.sched  # vLLM's queued -> scheduled, then the RUNNING phase
     h["vllm:request_prompt_tokens"].observe(r.prompt)
     h["vllm:request_generation_tokens"].observe(gen)
     h["vllm:request_max_num_generation_tokens"].observe(r.max_tokens)
@@ -236,9 +338,9 @@ def _account(c: Counters, r: Request, t: float) -> None:
         h["vllm:request_params_max_tokens"].observe(r.max_tokens_param)
     h["vllm:request_time_per_output_token_seconds"].observe(decode / (gen - 1) if gen > 1 else 0.0)
     h["vllm:e2e_request_latency_seconds"].observe(r.end - r.t0)
-    h["vllm:request_queue_time_seconds"].observe(0.0)  # the sim has no queue: scheduled on arrival
-    h["vllm:request_inference_time_seconds"].observe(r.end - r.t0)
-    h["vllm:request_prefill_time_seconds"].observe(ttft)
+    h["vllm:request_queue_time_seconds"].observe(sched - r.t0)
+    h["vllm:request_inference_time_seconds"].observe(r.end - sched)
+    h["vllm:request_prefill_time_seconds"].observe(r.first - sched)
     h["vllm:request_decode_time_seconds"].observe(decode)
 
 
@@ -295,11 +397,198 @@ def _request(run: EngineRun, t: float, prompt: int, completion: int, max_tokens:
     return Request(t0, t0 + ttft, rate, prompt, completion, limit, max_tokens, hits)
 
 
+# ---- the scheduler -------------------------------------------------------------------------------
+
+BATCH_SLOWDOWN = 0.1  # per-request decode rate = alone / (1 + BATCH_SLOWDOWN * (running - 1))
+# vLLM's default --max-num-seqs for the OpenAI server on a GPU of 70 GiB or more that is not an A100
+# (a Spark's GB10 reports ~120 GiB): vllm/engine/arg_utils.py EngineArgs.get_batch_defaults
+DEFAULT_MAX_NUM_SEQS = 1024
+_MAX_EVENTS = 2_000_000  # a guard: a projection never loops for ever
+
+
+@dataclass
+class _Slot:
+    """A running request: its blocks, its prefill's end (None once decoding), its decode stretch."""
+
+    r: Request
+    held: int
+    pre_end: float | None
+    gen0: int  # tokens generated before this stint (a preempted request keeps its output)
+    seg_t: float = 0.0
+    seg_x: float = 0.0
+    rate: float = 0.0
+
+    def x(self, t: float) -> float:
+        return self.seg_x + (t - self.seg_t) * self.rate if self.pre_end is None else float(self.gen0)
+
+
+@dataclass
+class Sched:
+    """One engine's scheduler, in the spirit of vLLM V1's (vllm/v1/core/sched/scheduler.py
+    ``Scheduler.schedule()``), in continuous sim time: at most ``max_num_seqs`` requests running, the
+    rest waiting first come first served (the head of the queue blocks the others, as FCFS does);
+    a request is admitted when its tokens' KV blocks are free (``KVCacheManager.allocate_slots``),
+    and a running request that needs one more block when none is free preempts the last scheduled
+    running request (``self.running.pop()``, RECOMPUTE: its blocks are freed, it goes back to the
+    front of the waiting queue with ``num_computed_tokens = 0``; it keeps its output and prefills
+    prompt plus output again when readmitted), possibly itself."""
+
+    t: float
+    free: float  # free KV blocks (inf: unknown capacity)
+    max_seqs: int
+    bs: int
+    rate1: float
+    running: list[_Slot] = field(default_factory=list)
+    waiting: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens it has generated)
+
+    def copy(self) -> Sched:
+        return Sched(self.t, self.free, self.max_seqs, self.bs, self.rate1,
+                     [_Slot(**vars(s)) for s in self.running], list(self.waiting))
+
+    def rate(self) -> float:
+        return self.rate1 / (1.0 + BATCH_SLOWDOWN * max(0, len(self.running) - 1))
+
+    def admit(self) -> None:
+        t = self.t
+        while self.waiting and len(self.running) < self.max_seqs:
+            r, gen = self.waiting[0]
+            need = max(1, math.ceil((r.prompt + gen) / self.bs))
+            if need > self.free and self.running:
+                break  # FCFS: the head waits for blocks, and the rest behind it
+            self.waiting.pop(0)
+            self.free -= need
+            if r.sched is None:
+                r.sched = t
+            self.running.append(_Slot(r, need, t + FIRST_TOKEN_S + (r.prompt + gen) / PREFILL_TOK_S, gen))
+            r.segs.append((t, "p", float(gen), 0.0))
+
+    def rerate(self) -> None:
+        """The batch changed: every decoding request goes on at the new per-request rate."""
+        rate, t = self.rate(), self.t
+        for s in self.running:
+            if s.pre_end is None and s.rate != rate:
+                s.seg_x, s.seg_t, s.rate = s.x(t), t, rate
+                s.r.segs.append((t, "d", s.seg_x, rate))
+
+    def preempt_for(self, s: _Slot) -> None:
+        """``s`` needs one more block: take a free one, else preempt from the back until one is."""
+        t = self.t
+        while self.free < 1:
+            victim = self.running[-1]
+            if victim is s and len(self.running) == 1:
+                break  # alone and still short (the engine's start-up check rules this out): let it be
+            self.running.pop()
+            self.free += victim.held
+            gen = int(victim.x(t) + 1e-9) if victim.pre_end is None else victim.gen0
+            victim.r.preempts.append(t)
+            victim.r.segs.append((t, "w", float(gen), 0.0))
+            self.waiting.insert(0, (victim.r, gen))
+            if victim is s:
+                return
+        s.held += 1
+        self.free -= 1
+
+    def catch_up(self, t: float) -> None:
+        """Each decoding request's blocks for its tokens at ``t`` (taken without a check: enough are free)."""
+        if t == math.inf:
+            return
+        for s in self.running:
+            if s.pre_end is None:
+                held = math.ceil((s.r.prompt + min(s.r.completion, int(s.x(t) + 1e-9))) / self.bs)
+                if held > s.held:
+                    self.free -= held - s.held
+                    s.held = held
+
+    def run(self, until: float) -> None:
+        """Advance to ``until`` with no new arrival (``math.inf``: until every request is done)."""
+        for _ in range(_MAX_EVENTS):
+            if not self.running:
+                break
+            best, slot, kind = math.inf, None, ""
+            # blocks one at a time only while they could run short before the batch finishes; else
+            # each request's blocks are brought up to date at the next event (admissions need them)
+            limited = self.free < sum(math.ceil((s.r.prompt + s.r.completion) / self.bs) - s.held
+                                      for s in self.running)
+            for s in self.running:
+                if s.pre_end is not None:
+                    cand = [(s.pre_end, "p")]
+                else:
+                    c = s.r.completion
+                    cand = [(s.seg_t + (c - s.seg_x) / s.rate, "f")]
+                    need = s.held * self.bs - s.r.prompt + 1  # the token that wants one more block
+                    if limited and need < c:
+                        cand.append((s.seg_t + (need - s.seg_x) / s.rate, "b"))
+                for when, k in cand:
+                    if when < best:
+                        best, slot, kind = when, s, k
+            if best > until or slot is None:
+                if not limited:
+                    self.catch_up(until)
+                break
+            self.t = max(self.t, best)
+            t = self.t
+            if not limited:
+                self.catch_up(t)
+            r = slot.r
+            if kind == "p":  # prefill done: decoding from here (its first token after one step)
+                slot.pre_end = None
+                slot.seg_t, slot.seg_x, slot.rate = t, float(slot.gen0), self.rate()
+                r.segs.append((t, "d", slot.seg_x, slot.rate))
+                continue
+            if kind == "f":
+                self.running.remove(slot)
+                self.free += slot.held
+                r.end = t
+            else:
+                n = len(self.running)
+                self.preempt_for(slot)
+                if len(self.running) == n:
+                    continue
+            self.admit()
+            self.rerate()
+        if until != math.inf:
+            self.t = max(self.t, until)
+
+
+def _sched(run: EngineRun, m: EngineMetrics) -> Sched:
+    if m.sched is None:
+        bs = run.kv_block_size or 16
+        free = run.kv_cache_tokens // bs if run.kv_cache_tokens else math.inf
+        m.sched = Sched(run.started, free, getattr(run, "max_num_seqs", 0) or DEFAULT_MAX_NUM_SEQS, bs,
+                        decode_rate(run))
+    return m.sched
+
+
+def _event(run: EngineRun, m: EngineMetrics, t: float, change) -> None:
+    """Something happens at ``t`` (an arrival, an abort): take the scheduler there (undoing what the
+    last projection had guessed of the time after it), apply ``change``, schedule, then project
+    every request in flight to its end assuming nothing more arrives (their ``end``)."""
+    s = _sched(run, m)
+    live = [x.r for x in s.running] + [r for r, _g in s.waiting]
+    for r in live:
+        nseg, npre, sched = r.commit
+        del r.segs[nseg:]
+        del r.preempts[npre:]
+        r.sched = sched
+    s.run(max(t, s.t))
+    change(s)
+    s.admit()
+    s.rerate()
+    live = [x.r for x in s.running] + [r for r, _g in s.waiting]
+    for r in live:
+        r.commit = (len(r.segs), len(r.preempts), r.sched)
+    s.copy().run(math.inf)
+    for r in live:
+        r.first = r.token_time(1)
+
+
 def chat_started(run: EngineRun, t: float, prompt: int, completion: int, max_tokens: int | None = None,
                  prompt_text: str = "") -> Request:
-    """A chat completion the sim is about to serve (it answers at ``Request.end``, which equals
-    :func:`sparkconsole.sim.vllm_logs.chat_seconds` after ``t``). A prompt seen before hits the
-    prefix cache for its whole blocks, as vLLM's automatic prefix caching would."""
+    """A chat completion arriving at ``t``. The client gets its answer at ``Request.end``: alone on the
+    engine that is :func:`sparkconsole.sim.vllm_logs.chat_seconds` after ``t``; with others it may
+    wait for a slot or blocks, decodes slower in a bigger batch, and later arrivals can push ``end``
+    later still (re-read it after each wait). A prompt seen before hits the prefix cache for its
+    whole blocks, as vLLM's automatic prefix caching would."""
     m = state(run)
     _fold(run, m, t)
     bs = run.kv_block_size or 16
@@ -310,15 +599,40 @@ def chat_started(run: EngineRun, t: float, prompt: int, completion: int, max_tok
         m.seen_prompts.add(prompt_text)
     r = _request(run, t, prompt, completion, max_tokens, hits)
     m.flight.append(r)
+    if completion <= 0:
+        return r
+
+    def arrive(s: Sched) -> None:
+        r.segs.append((s.t, "w", 0.0, 0.0))
+        s.waiting.append((r, 0))
+
+    _event(run, m, t, arrive)
     return r
 
 
 def chat_aborted(run: EngineRun, r: Request, t: float) -> None:
-    """The client gave up at ``t`` (``curl -m``): vLLM aborts the request there."""
-    if r in state(run).flight and t < r.end:
+    """The client gave up at ``t`` (``curl -m``): vLLM aborts the request there (its blocks freed)."""
+    m = state(run)
+    if r not in m.flight or t >= r.end:
+        return
+    if not r.segs:
         r.completion = r.generated(t)
         r.end = t
         r.reason = "abort"
+        return
+
+    def abort(s: Sched) -> None:
+        r.completion = r.generated(s.t)
+        r.end = s.t
+        r.reason = "abort"
+        for x in s.running:
+            if x.r is r:
+                s.running.remove(x)
+                s.free += x.held
+                break
+        s.waiting = [w for w in s.waiting if w[0] is not r]
+
+    _event(run, m, t, abort)
 
 
 def render(run: EngineRun, t: float, epoch0: float) -> str:
@@ -328,14 +642,16 @@ def render(run: EngineRun, t: float, epoch0: float) -> str:
     c = m.done.copy()
     for r in m.flight:
         _account(c, r, t)
-    running = [r for r in m.flight if r.t0 <= t < r.end]
+    phases = [(r, r.phase(t)) for r in m.flight]
+    running = [r for r, ph in phases if ph == "r"]
+    waiting = sum(1 for _r, ph in phases if ph == "w")
     bs = run.kv_block_size or 16
     kv = 0.0
     if run.kv_cache_tokens:
         for r in running:
             kv += r.kv_frac if r.kv_frac is not None else \
                 math.ceil((r.prompt + r.generated(t)) / bs) * bs / run.kv_cache_tokens
-    gauges = {"vllm:num_requests_running": float(len(running)), "vllm:num_requests_waiting": 0.0,
+    gauges = {"vllm:num_requests_running": float(len(running)), "vllm:num_requests_waiting": float(waiting),
               "vllm:kv_cache_usage_perc": min(1.0, kv)}
     labels = {"engine": "0", "model_name": run.served_name}
     # the registry is made as the API server starts: each family a few microseconds after the last

@@ -4,7 +4,9 @@ the path MTU, link down, lost node), ``ssh`` (to a node by name or address, ``-o
 vLLM server's ``/health``, ``/v1/models``, ``/v1/chat/completions``, ``/metrics``
 (:mod:`~sparkconsole.sim.vllm_metrics`); the Hub's model and tree API on a node with internet; ``-s -S -f -o -w '%{http_code}' --max-time``; a chat completion
 takes prefill plus its tokens at the model's decode rate of sim time, :func:`~sparkconsole.sim.
-vllm_logs.chat_seconds`).
+vllm_logs.chat_seconds`, when it is alone on the engine; under load it ends when the engine's
+scheduler model says (:func:`~sparkconsole.sim.vllm_metrics.chat_started`: a queue, a bigger batch,
+a preemption)).
 """
 
 from __future__ import annotations
@@ -431,13 +433,21 @@ class NetTools:
             status = "200 OK" if ok else "400 Bad Request"
             if ok:  # prefill, then one token after the other: the answer comes when the last is decoded
                 took = vllm_logs.chat_seconds(run, body)
-                req = _count_chat(run, self.now(), body, data or "")
-                if max_time is not None and took > max_time:
-                    await self.clock.sleep(max_time)
-                    vllm_metrics.chat_aborted(run, req, self.now())
-                    return error(28, f"Operation timed out after {int(max_time * 1000)} milliseconds with 0 bytes "
-                                     "received")
-                await self.clock.sleep(took)
+                t_sent = self.now()
+                req = _count_chat(run, t_sent, body, data or "")
+                # alone on the engine it ends ``took`` after it was sent; a queue, a bigger batch or a
+                # preemption (other requests arriving meanwhile) moves its end later: wait on that
+                wait = took if req.end - t_sent - took <= 1e-6 else req.end - t_sent  # from t_sent
+                while True:
+                    if max_time is not None and wait > max_time:
+                        await self.clock.sleep(max_time - (self.now() - t_sent))
+                        vllm_metrics.chat_aborted(run, req, self.now())
+                        return error(28, f"Operation timed out after {int(max_time * 1000)} milliseconds with 0 "
+                                         "bytes received")
+                    await self.clock.sleep(wait - (self.now() - t_sent))
+                    if req.end - self.now() <= 1e-6:
+                        break
+                    wait = req.end - t_sent
                 if node is None or self.cluster.engine_on_port(node.name, port, self.now()) is not run:
                     return error(52, "Empty reply from server")
         else:
