@@ -16,7 +16,7 @@ from sparkconsole import __version__
 from sparkconsole.errors import UserError
 
 # Order is the order `--help` lists them in.
-COMMANDS = ("tui", "demo", "deploy", "snapshot", "parse", "plan", "trust")
+COMMANDS = ("tui", "demo", "deploy", "bench", "snapshot", "parse", "plan", "trust")
 
 
 class _Parser(argparse.ArgumentParser):

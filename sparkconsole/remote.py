@@ -900,8 +900,9 @@ def vllm_bench_serve(container: str, port: int, served: str, tokenizer: str, *, 
                      time_limit_s: int = 600, key_file: str | None = None) -> RemoteScript:
     """``docker exec CONTAINER timeout T vllm bench serve --backend openai-chat --base-url
     http://127.0.0.1:PORT --endpoint /v1/chat/completions --model SERVED --tokenizer TOK --dataset-name
-    random --random-input-len N --random-output-len M --num-prompts R --max-concurrency C --save-result
-    --result-dir D --result-filename F``, then ``docker exec CONTAINER cat D/F``: sections ``bench``
+    random --random-input-len N --random-output-len M --num-prompts R --max-concurrency C
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 --save-result --result-dir D
+    --result-filename F`` (the percentiles the published runs print), then ``docker exec CONTAINER cat D/F``: sections ``bench``
     (its stdout) and ``result`` (the JSON it saved). ``key_file``: the head's API key file, passed as
     ``OPENAI_API_KEY`` (:func:`with_key_from_file`)."""
     p = validate_port(port)
@@ -915,6 +916,7 @@ def vllm_bench_serve(container: str, port: int, served: str, tokenizer: str, *, 
             "--random-output-len", _bench_int("the output length", output_len, 1, 1_000_000),
             "--num-prompts", _bench_int("the requests", num_prompts, 1, 100_000),
             "--max-concurrency", _bench_int("the concurrency", concurrency, 1, 1024),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
             "--save-result", "--result-dir", d, "--result-filename", result_filename]
     summary = f"benchmark {served} at concurrency {concurrency} with vllm bench serve in {container}"
     bench: RemoteCommand = docker_exec(container, argv, mutating=True, summary=summary)

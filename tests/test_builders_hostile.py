@@ -44,6 +44,10 @@ HOSTILE = [
 BENIGN_PATH = "/tmp/sparkconsole-hostile"
 
 
+_BENCH = {"concurrency": 1, "num_prompts": 1, "input_len": 8, "output_len": 8, "result_dir": BENIGN_PATH,
+          "result_filename": "r.json"}
+
+
 def _builders() -> dict[str, Callable[[str], R.RemoteCommand]]:
     """Every builder, one entry per string argument (the others benign)."""
     job = R.JobFiles.under(BENIGN_PATH, "job")
@@ -141,6 +145,17 @@ def _builders() -> dict[str, Callable[[str], R.RemoteCommand]]:
         "http_status.url": lambda v: R.http_status(v),
         # engines found on their own (issue 24, item 1): a port is a number or nothing
         "metrics_scrape.port": lambda v: R.metrics_scrape(v),  # type: ignore[arg-type]
+        # issue 24, item 4: the benchmark's commands
+        "vllm_bench_serve.container": lambda v: R.vllm_bench_serve(v, 8000, "m", "o/m", **_BENCH),
+        "vllm_bench_serve.served": lambda v: R.vllm_bench_serve("c1", 8000, v, "o/m", **_BENCH),
+        "vllm_bench_serve.tokenizer": lambda v: R.vllm_bench_serve("c1", 8000, "m", v, **_BENCH),
+        "vllm_bench_serve.result_dir": lambda v: R.vllm_bench_serve(
+            "c1", 8000, "m", "o/m", **{**_BENCH, "result_dir": v}),
+        "vllm_bench_serve.result_filename": lambda v: R.vllm_bench_serve(
+            "c1", 8000, "m", "o/m", **{**_BENCH, "result_filename": v}),
+        "vllm_bench_serve.key_file": lambda v: R.vllm_bench_serve("c1", 8000, "m", "o/m", **_BENCH, key_file=v),
+        "llama_benchy.served": lambda v: R.llama_benchy(8000, v, [1, 2], 16, 8),
+        "llama_benchy.tokenizer": lambda v: R.llama_benchy(8000, "m", [1], 16, 8, tokenizer=v),
     }
 
 

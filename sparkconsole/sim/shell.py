@@ -23,6 +23,7 @@ docker      ``docker ps stats images image info version logs stop start restart 
 ray         ``ray start --head|--address, ray status, ray stop``
 hf          ``hf download``, ``hf auth whoami``, ``huggingface-cli download`` (in containers and on
             the permissive twin: a stock host has none)
+bench       ``vllm bench serve`` in a vLLM container; ``uvx llama-benchy`` where the host has uvx
 rsync       ``rsync -a [-L|--copy-unsafe-links] [--partial] [--size-only] [--exclude P]
             [--info=progress2] [-e ssh] SRC [HOST:]DEST``
 ==========  =========================================================================================
@@ -50,6 +51,7 @@ import shlex
 from sparkconsole.sim import formats as F
 from sparkconsole.sim.model import SimCluster, SimNode
 from sparkconsole.sim.sh.interp import IO, Capture, Interp, ShellExit, Writer
+from sparkconsole.sim.tools.bench import BenchTools
 from sparkconsole.sim.tools.common import UNITS_DEFAULT
 from sparkconsole.sim.tools.docker import DockerTools
 from sparkconsole.sim.tools.files import FileTools
@@ -62,7 +64,7 @@ from sparkconsole.sim.tools.sys import SysTools
 __all__ = ["IO", "Capture", "Shell", "ShellExit", "Writer"]
 
 
-class Shell(SysTools, FileTools, NetTools, DockerTools, RayTools, HfTools, RsyncTools, Interp):
+class Shell(SysTools, FileTools, NetTools, DockerTools, RayTools, HfTools, RsyncTools, BenchTools, Interp):
     """One node's shell. ``run`` executes a command line as ``sh -c`` does; output goes to the
     writers as it comes; the command's processes join the node's process table."""
 

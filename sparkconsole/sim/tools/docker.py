@@ -1141,6 +1141,8 @@ class DockerTools:
             await self.clock.sleep(1.5)
             io.out(img.vllm_version + "\n")
             return 0
+        if argv[1:3] == ["bench", "serve"]:  # the benchmark (sparkconsole.sim.tools.bench)
+            return await self.vllm_bench_serve(argv[3:], io)  # type: ignore[attr-defined]
         serve = _serve_argv(argv)
         if serve is None:
             io.err("usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...\n")
