@@ -135,7 +135,7 @@ def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tea
         assert first["ok"]
     result = events[-1]
     assert result["event"] == "result" and result["ok"] and result["endpoint"].endswith(":8000/v1")
-    assert set(steps(events).values()) <= {"done", "skipped"} and len(steps(events)) == 11
+    assert set(steps(events).values()) <= {"done", "skipped"} and len(steps(events)) == 12  # verify, then the benchmark offered
     d = decisions(events)
     assert d["plan.layout"]["answer"] == d["plan.layout"]["recommended"] == "tp2"
     assert any("TP=1" in m and "does not fit" in m for m in d["plan.layout"]["measured"])

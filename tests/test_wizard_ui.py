@@ -182,7 +182,9 @@ async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
         assert [a for a in asked if a[0] == "decision"] == [
             ("decision", d) for d in ("plan.layout", "engine.image", "free-memory.stop", "caches.drop",
                                       # stock nodes: what stays cached (root's to drop) re-fits the budget
-                                      "caches.fit", "cluster.executor", "serve.access")]
+                                      "caches.fit", "cluster.executor", "serve.access",
+                                      # after verify: the benchmark offered (Enter: skip, the recommendation)
+                                      "benchmark.run")]
         confirmed = [s for kind, s in asked if kind == "confirm"]
         for step in ("weights", "images", "free-memory", "caches", "cluster", "serve"):
             assert step in confirmed, (step, asked)

@@ -84,6 +84,7 @@ class DeploymentPlan:
     kv_cache_dtype: str = "auto"
     plan_fits: bool = True
     plan_vllm_version: str | None = None  # the vLLM whose rules the plan used
+    max_concurrency: float | None = None  # requests of max_model_len tokens the KV cache holds at once
     need: dict[str, int] = field(default_factory=dict)  # bytes free each node must have at launch
     # a failed start asks for less next time (serve → plan)
     gmu_override: float | None = None
@@ -112,6 +113,8 @@ class DeploymentPlan:
     hang_waits: int = 0
     # verify
     tokens_per_s: float | None = None
+    # benchmark
+    benchmark: bool = False  # the operator asked for one (benchmark.run)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,6 +15,7 @@ Results it hands to later steps go in :class:`~sparkconsole.deploy.deployment_pl
 from __future__ import annotations
 
 from sparkconsole.deploy.steps.base import Step
+from sparkconsole.deploy.steps.benchmark import Benchmark
 from sparkconsole.deploy.steps.cluster import Cluster
 from sparkconsole.deploy.steps.engine import Engine
 from sparkconsole.deploy.steps.images import Images
@@ -27,8 +28,8 @@ from sparkconsole.deploy.steps.verify import Verify
 from sparkconsole.deploy.steps.weights import Weights
 
 STEPS: tuple[type[Step], ...] = (Recon, Plan, Engine, Network, Weights, Images, FreeMemory, Caches, Cluster, Serve,
-                                 Verify)
+                                 Verify, Benchmark)
 STEP_IDS: tuple[str, ...] = tuple(s.id for s in STEPS)
 
-__all__ = ["STEPS", "STEP_IDS", "Caches", "Cluster", "Engine", "FreeMemory", "Images", "Network", "Plan", "Recon",
+__all__ = ["STEPS", "STEP_IDS", "Benchmark", "Caches", "Cluster", "Engine", "FreeMemory", "Images", "Network", "Plan", "Recon",
            "Serve", "Step", "Verify", "Weights"]

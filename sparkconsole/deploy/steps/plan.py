@@ -149,7 +149,7 @@ class Plan(Step):
         flow.update(plan_vllm_version=rules_for(version).version if version else None)
         flow.update(kv_cache_dtype=kv)
         mml = int(chosen["max_model_len"])
-        flow.update(max_model_len=mml)
+        flow.update(max_model_len=mml, max_concurrency=float(chosen["max_concurrency"]))
         # the memory each node must have free at launch
         flow.update(gmu=gmu)
         need = {n: int(gmu * _cuda_total(facts[n]) + LAUNCH_MARGIN) for n in flow.nodes}
