@@ -17,9 +17,13 @@ For each size N (default 2, 8, 32, 64) in one run:
    every 5 ms), Esc until it is gone, ``--keys`` times (median and p90).
 4. The baseline: the same pollers on the same connections at the same interval, parsing every
    sample and drawing nothing (``ui_console.py --poll-only``), for the same time.
+5. The serving poll's cost (issue 24): the same console on the same cluster with ``--no-serving``
+   (no engine discovery, no ``/metrics`` reads), measured the same way right after. Every demo
+   Spark runs at least one vLLM engine (the story's ``embeddings`` on each worker, three on the
+   head), so at 32 Sparks the console reads 34 engine pages every third tick.
 
-The ratio ``console / baseline`` is the claim (what drawing adds); absolute numbers move with the
-machine and whatever else runs on it.
+The ratios ``console / baseline`` (what drawing adds) and ``serving on / off`` (what the serving
+poll adds) are the claims; absolute numbers move with the machine and whatever else runs on it.
 
     .venv/bin/python benchmarks/ui_cost.py [--sizes 2,8,32,64] [--seconds 20] [--keys 10] [--json]
 """
@@ -150,14 +154,37 @@ def window_stats(stats: dict, start: float, end: float) -> dict:
             "frame_ms_p95": 1000 * sorted(frames)[int(0.95 * (len(frames) - 1))] if frames else None}
 
 
+def console_command(work: Path, stats_path: Path, config: Path, *extra: str) -> str:
+    env = f"SPARKCONSOLE_STATE_DIR={shlex.quote(str(work / 'state'))}"
+    tail = "".join(f" {shlex.quote(a)}" for a in extra)
+    return (f"cd {shlex.quote(str(ROOT))} && env {env} {shlex.quote(PY)} -m benchmarks.ui_console "
+            f"--stats {shlex.quote(str(stats_path))} -- --config {shlex.quote(str(config))} --interval 1{tail}")
+
+
+def idle_cpu(work: Path, config: Path, seconds: float, name: str, *extra: str) -> tuple[float, dict]:
+    """The console's CPU share over ``seconds`` after the warm-up, in its first view, nothing opened."""
+    stats_path = work / f"stats-{name}.json"
+    try:
+        _tmux("kill-session", "-t", SESSION, check=False)
+        _tmux("new-session", "-d", "-s", SESSION, "-x", "200", "-y", "60",
+              console_command(work, stats_path, config, *extra))
+        _wait(lambda: "polling every 1 s" in _pane(), 60, "the console")
+        proc = console_process()
+        time.sleep(WARMUP_S)
+        cpu, start, end = cpu_over(proc, seconds)
+        _tmux("send-keys", "-t", SESSION, "q")
+        _wait(lambda: stats_path.exists(), 30, "the console to exit")
+    finally:
+        _tmux("kill-session", "-t", SESSION, check=False)
+    return 100 * cpu / seconds, window_stats(json.loads(stats_path.read_text()), start, end)
+
+
 def measure(n: int, seconds: float, keys: int, work: Path, sshd: LabSshd) -> dict:
     demo, inventory = start_demo(n, work)
     config = work / f"console-{n}.toml"
     config.write_text(inventory.read_text() + lab_block(sshd))
     stats_path = work / f"stats-{n}.json"
-    env = f"SPARKCONSOLE_STATE_DIR={shlex.quote(str(work / 'state'))}"
-    command = (f"cd {shlex.quote(str(ROOT))} && env {env} {shlex.quote(PY)} -m benchmarks.ui_console "
-               f"--stats {shlex.quote(str(stats_path))} -- --config {shlex.quote(str(config))} --interval 1")
+    command = console_command(work, stats_path, config)
     try:
         _tmux("kill-session", "-t", SESSION, check=False)
         _tmux("new-session", "-d", "-s", SESSION, "-x", "200", "-y", "60", command)
@@ -190,6 +217,13 @@ def measure(n: int, seconds: float, keys: int, work: Path, sshd: LabSshd) -> dic
                    env={**os.environ, "SPARKCONSOLE_STATE_DIR": str(work / "state")})
     base = json.loads(base_path.read_text())
     base_polls = len(base["polls"])
+    # the serving poll on and off on the same cluster, nothing opened, interleaved (on, off, on,
+    # off) so that a change in the machine's load falls on both
+    on, off = [], []
+    for i in range(2):
+        on.append(idle_cpu(work, config, seconds, f"on-{n}-{i}")[0])
+        off.append(idle_cpu(work, config, seconds, f"off-{n}-{i}", "--no-serving")[0])
+    serving_on, serving_off = statistics.mean(on), statistics.mean(off)
     stop(demo)
     idle = window_stats(stats, start, end)
     logging = window_stats(stats, log_start, log_end)
@@ -209,6 +243,8 @@ def measure(n: int, seconds: float, keys: int, work: Path, sshd: LabSshd) -> dic
         "with_log_frame_ms_median": logging["frame_ms_median"],
         "key_ms_median": 1000 * statistics.median(latencies),
         "key_ms_p90": 1000 * sorted(latencies)[int(0.9 * (len(latencies) - 1))],
+        "serving_on_cpu_pct": serving_on,
+        "serving_off_cpu_pct": serving_off,
     }
 
 
@@ -218,8 +254,8 @@ def table(rows: list[dict]) -> str:
 
     head = ("| Sparks | view chosen | console CPU % of a core | baseline (no draw) % | ratio | the other view: "
             "CPU % | CPU ms / refresh (console · baseline) | refreshes/s | frame ms (median · p95) | with a 5k "
-            "lines/s log: CPU % | key latency ms (median · p90) |")
-    lines = [head, "|" + "---|" * 11]
+            "lines/s log: CPU % | key latency ms (median · p90) | serving poll on · off: CPU % | ratio |")
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         ratio = r["console_cpu_pct"] / r["baseline_cpu_pct"] if r["baseline_cpu_pct"] else None
         lines.append(
@@ -227,7 +263,9 @@ def table(rows: list[dict]) -> str:
             f"{f(ratio, 2)}× | {f(r['other_view_cpu_pct'])} | "
             f"{f(r['console_cpu_ms_per_refresh'], 2)} · {f(r['baseline_cpu_ms_per_refresh'], 2)} | "
             f"{f(r['refreshes_per_s'])} | {f(r['frame_ms_median'], 2)} · {f(r['frame_ms_p95'], 2)} | "
-            f"{f(r['with_log_cpu_pct'])} | {f(r['key_ms_median'], 0)} · {f(r['key_ms_p90'], 0)} |")
+            f"{f(r['with_log_cpu_pct'])} | {f(r['key_ms_median'], 0)} · {f(r['key_ms_p90'], 0)} | "
+            f"{f(r['serving_on_cpu_pct'])} · {f(r['serving_off_cpu_pct'])} | "
+            f"{f(r['serving_on_cpu_pct'] / r['serving_off_cpu_pct'] if r['serving_off_cpu_pct'] else None, 2)}× |")
     return "\n".join(lines)
 
 

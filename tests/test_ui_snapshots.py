@@ -19,11 +19,14 @@ from tests.ui_support import (
     demo_app,
     dense_view,
     help_screen,
+    holds,
     link_down,
     node_detail,
     node_down,
     node_stale,
     overview,
+    screen_is,
+    started,
     weights_loading,
 )
 
@@ -82,3 +85,46 @@ def test_weights_40_percent_loaded(snap_compare, tmp_path):
 def test_dense_view_of_twelve_nodes(snap_compare, tmp_path):
     """Twelve Sparks do not fit as cards: one row each, sorted by unified memory."""
     assert _snap(snap_compare, tmp_path, "story", dense_view, nodes=12)
+
+
+# ---- serving (issue 24): the engines' lines on the cards, and the engine view ---------------------
+
+
+def _engines_read(app, node: str) -> bool:
+    engines = app.node_state(node).engines
+    return bool(engines) and all(len(w.pages) >= 2 for w in engines.values())
+
+
+async def serving_overview(pilot, app) -> None:
+    """Every engine read at least twice (a rate needs two pages): the cards' serving lines."""
+    await started(pilot, app, ticks=12)
+    await holds(pilot, lambda: all(_engines_read(app, n.name) for n in app.config.nodes), "every engine read twice")
+
+
+async def engine_view(pilot, app) -> None:
+    """The head's engines from its detail (e), the selected service's engine focused."""
+    await serving_overview(pilot, app)
+    await pilot.press("1")
+    await screen_is(pilot, app, "NodeDetailScreen")
+    await pilot.press("e")
+    screen = await screen_is(pilot, app, "EngineScreen")
+    count = len(app.node_state(screen.node).engines)
+    await holds(pilot, lambda: len([p for p in screen.panels() if p.watch is not None]) == count
+                and screen.focused is not None, "every engine's panel drawn, one focused")
+
+
+def test_serving_lines_on_the_cards(snap_compare, tmp_path):
+    assert _snap(snap_compare, tmp_path, "story", serving_overview)
+
+
+def test_engine_view(snap_compare, tmp_path):
+    assert _snap(snap_compare, tmp_path, "story", engine_view)
+
+
+def test_engine_view_at_120_by_40(snap_compare, tmp_path):
+    app = demo_app(tmp_path, "story")
+
+    async def run_before(pilot):
+        await engine_view(pilot, app)
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)

@@ -1,6 +1,6 @@
 """``sparkconsole demo``: the console on a simulated two-Spark cluster behind real SSH servers.
 
-``sparkconsole demo [--nodes N] [--scenario S] [--speed X] [--serve] [--read-only]``
+``sparkconsole demo [--nodes N] [--scenario S] [--speed X] [--serve] [--read-only] [--no-serving]``
 
 * without ``--serve``: opens the console on the simulated cluster (the UI starts the cluster in
   its own event loop);
@@ -46,6 +46,8 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
                    help="simulated seconds per real second (default 1)")
     p.add_argument("--serve", action="store_true", help="only run the cluster and print ssh commands")
     p.add_argument("--read-only", action="store_true", help="the console refuses every change")
+    p.add_argument("--no-serving", dest="serving", action="store_false",
+                   help="turn the serving poll off (no engine discovery, no /metrics reads)")
     p.add_argument("--inventory", metavar="FILE", default=None,
                    help="with --serve: where to write the cluster's config file (default: in the demo's directory)")
     p.set_defaults(func=run)
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     opts = DemoOptions(nodes=args.nodes, scenario=args.scenario, speed=args.speed, read_only=bool(args.read_only))
     with _workdirs_removed_on_signal():
-        return run_console(demo=opts)
+        return run_console(demo=opts, serving=args.serving)
 
 
 # What stops the demo as Ctrl-C does: a service manager or `kill` (SIGTERM), the terminal going away (SIGHUP).

@@ -14,6 +14,8 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
                         "or on the simulated one with --demo.")
     add_cluster_args(p)
     p.add_argument("--interval", type=float, default=2.0, help="seconds between probes of a node (default 2)")
+    p.add_argument("--no-serving", dest="serving", action="store_false",
+                   help="turn the serving poll off (no engine discovery, no /metrics reads)")
     p.set_defaults(func=run)
 
 
@@ -25,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise UserError("--interval must be more than 0 seconds")
     if args.demo:
-        return run_console(demo=DemoOptions(read_only=bool(args.read_only)), interval=args.interval)
+        return run_console(demo=DemoOptions(read_only=bool(args.read_only)), interval=args.interval,
+                           serving=args.serving)
     config = cluster_from_args(args)
-    return run_console(config, interval=args.interval)
+    return run_console(config, interval=args.interval, serving=args.serving)

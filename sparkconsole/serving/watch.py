@@ -8,9 +8,10 @@ percentiles from histogram bucket differences over one and five minutes, as Prom
 ``histogram_quantile(q, increase(h[5m]))`` would give them (:mod:`.metrics`).
 
 Windows: the reference page of a window is the newest one at least that old. While the console
-has watched the engine for less than the window, the reference is "nothing" and the figure covers
-the engine's whole life (its counters start at zero with it): a percentile that the console cannot
-yet bound to the window is still a true percentile of what the engine served, never a made-up one.
+has watched the engine for less than the window, it is the first page read, so the figure covers
+what the console has watched (a benchmark started a few seconds after the console shows at once);
+with one page only (``snapshot``) it covers the engine's whole life (its counters start at zero
+with it). Either way a true percentile of what the engine served, never a made-up one.
 
 Pure data, no Textual, no I/O: the UI, ``snapshot --json`` and the alerts read the same figures.
 """
@@ -197,13 +198,16 @@ class EngineWatch:
                              if prev else None))
 
     def _reference(self, now: float, window: float) -> EngineMetrics | None:
-        """The newest page at least ``window`` old (None: the engine's whole life is the window)."""
+        """The newest page at least ``window`` old; while none is, the oldest page read (the window is
+        then the time the console has watched); with a single page, None: the engine's whole life."""
         ref = None
         for t, page in self.pages:
             if t <= now - window + 1e-9:
                 ref = page
             else:
                 break
+        if ref is None and len(self.pages) > 1:
+            ref = self.pages[0][1]
         return ref
 
     @property

@@ -51,6 +51,7 @@ from sparkconsole.ui.messages import (
     AgesTicked,
     DeploymentRequested,
     NodeUpdated,
+    OpenEngines,
     OpenLogs,
     OpenNode,
     ServiceActionRequested,
@@ -124,6 +125,9 @@ class NodeCommands(Provider):
         ]
         for i, node in enumerate(app.config.nodes, start=1):
             entries.append((f"Go to node {node.name}", partial(app.open_node, i), f"{node.role} · key {i}"))
+            if app.node_state(node.name).engines:
+                entries.append((f"Engines on {node.name}", partial(app.open_engines, node.name),
+                                "what each engine serves: KV cache, tok/s, latency percentiles (key e on the detail)"))
             sample = app.node_state(node.name).sample
             for c in sample.containers if sample else ():
                 if not c.name:
@@ -187,6 +191,7 @@ class SparkConsoleApp(App[int]):
         remember_theme: bool = True,
         journal: Journal | None = None,
         autopoll: bool = True,
+        serving: bool = True,
     ) -> None:
         super().__init__()
         if config is None and demo is None:
@@ -198,6 +203,7 @@ class SparkConsoleApp(App[int]):
         self.transport_factory = transport_factory
         self.remember_theme = remember_theme
         self.autopoll = autopoll  # tests drive the polls themselves for reproducible screens
+        self.serving = serving  # the serving poll: find the nodes' engines, read their /metrics
         self.paused = False
         self.poller: ClusterPoller | None = None
         self._poll_timers: dict[str, Timer] = {}
@@ -237,7 +243,7 @@ class SparkConsoleApp(App[int]):
                 self.config = replace(self.config, read_only=True)
         self.sub_title = self._subtitle()
         self.poller = ClusterPoller(self.config, interval=self.interval, transport_factory=self.transport_factory,
-                                    clock=self.clock)
+                                    clock=self.clock, serving=self.serving)
         for p in self.poller.pollers.values():
             p.tick_timeout = max(5.0, 3 * self.interval)
         await self.push_screen(OverviewScreen())
@@ -529,6 +535,31 @@ class SparkConsoleApp(App[int]):
     def on_open_logs(self, message: OpenLogs) -> None:
         self.open_logs(message.node, message.service)
 
+    def on_open_engines(self, message: OpenEngines) -> None:
+        self.open_engines(message.node, message.where)
+
+    def open_engines(self, node: str, where: str | None = None) -> None:
+        """The engine view of ``node``, focused on the engine ``where`` runs. A merged log names several
+        nodes ("a + b"): the first that runs an engine in ``where``. Opened from a log screen that an
+        engine view opened, it goes back to that view rather than stacking another."""
+        from sparkconsole.ui.screens.engines import EngineScreen
+
+        if self.poller is None:
+            return
+        names = [n for n in node.split(" + ") if n in self.poller.pollers]
+        if not names:
+            self.notify(f"no node called {node}", severity="warning")
+            return
+        node = next((n for n in names if any(w.engine.where == where for w in self.node_state(n).engines.values())),
+                    names[0])
+        stack = self.screen_stack
+        if len(stack) > 1 and isinstance(stack[-2], EngineScreen) and stack[-2].node == node:
+            self.pop_screen()
+            return
+        if isinstance(self.screen, EngineScreen) and self.screen.node == node:
+            return
+        self.push_screen(EngineScreen(node, where))
+
     def on_service_action_requested(self, message: ServiceActionRequested) -> None:
         self.run_service_action(message.node, message.service, message.action)
 
@@ -661,9 +692,10 @@ def _placeholder_config(demo: DemoOptions | None) -> ClusterConfig:
 
 
 def run_console(config: ClusterConfig | None = None, *, demo: DemoOptions | None = None,
-                interval: float = 2.0) -> int:
-    """Run the console until the user quits; returns the exit code."""
-    app = SparkConsoleApp(config, demo=demo, interval=interval)
+                interval: float = 2.0, serving: bool = True) -> int:
+    """Run the console until the user quits; returns the exit code. ``serving=False`` turns the
+    serving poll off (no engine discovery, no /metrics reads)."""
+    app = SparkConsoleApp(config, demo=demo, interval=interval, serving=serving)
     result = app.run()
     if app.startup_error:
         from sparkconsole.errors import UserError

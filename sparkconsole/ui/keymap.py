@@ -70,6 +70,24 @@ DETAIL_BINDINGS: list[Binding] = [
             tooltip="Restart the selected service (asks first; refused read-only)."),
     Binding("D", "service('remove')", "Remove", id="detail.remove", show=False,
             tooltip="Remove the selected container once it has exited (asks first; refused read-only)."),
+    Binding("e", "engines", "Engines", id="detail.engines",
+            tooltip="The engines this node serves (vLLM, SGLang): requests, KV cache, tok/s, TTFT and ITL "
+                    "percentiles, queue time, prefix-cache hits, preemptions. The selected service's first."),
+]
+
+# The log screen's own keys live with it (screens/logs.py); this one opens another screen
+LOGS_ENGINES_BINDING = Binding(
+    "E", "engines", "Engines", id="logs.engines",
+    tooltip="The engines of this log's node, the one this container runs first (e is the next error here).")
+
+ENGINE_BINDINGS: list[Binding] = [
+    Binding("escape", "back", "Back", id="engines.back", tooltip="Back to the previous screen."),
+    Binding("down,j,tab", "move(1)", "Next engine", show=False, id="engines.next",
+            tooltip="Focus the next engine's panel."),
+    Binding("up,k,shift+tab", "move(-1)", "Prev engine", show=False, id="engines.prev",
+            tooltip="Focus the previous engine's panel."),
+    Binding("l", "logs", "Logs", id="engines.logs",
+            tooltip="Follow the focused engine's container log (docker logs -f)."),
 ]
 
 HELP_BINDINGS: list[Binding] = [

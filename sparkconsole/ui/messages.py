@@ -4,7 +4,7 @@ app never probes a screen for a method.
 
 The app's news for screens (:class:`NodeUpdated`, :class:`AgesTicked`, :class:`ActionFinished`)
 do not bubble: a screen that does not handle one simply ignores it. A screen's intents
-(:class:`OpenNode`, :class:`OpenLogs`, :class:`ServiceActionRequested`,
+(:class:`OpenNode`, :class:`OpenLogs`, :class:`OpenEngines`, :class:`ServiceActionRequested`,
 :class:`DeploymentRequested`) bubble up to the app, which owns the screen stack and the nodes'
 connections.
 """
@@ -66,6 +66,16 @@ class OpenLogs(Message):
         super().__init__()
         self.node = node
         self.service = service
+
+
+class OpenEngines(Message):
+    """Show the engines one node serves; ``where`` (a container's name, a host pid) names the one to
+    focus when it runs one. ``node`` may be a merged log's "a + b": the app finds the node."""
+
+    def __init__(self, node: str, where: str | None = None) -> None:
+        super().__init__()
+        self.node = node
+        self.where = where
 
 
 class ServiceActionRequested(Message):

@@ -50,6 +50,8 @@ from sparkconsole.logs.follow import (
     display_text,
 )
 from sparkconsole.logs.vllm import VllmLogReport, VllmLogTracker
+from sparkconsole.ui.keymap import LOGS_ENGINES_BINDING
+from sparkconsole.ui.messages import OpenEngines
 from sparkconsole.ui.render import thin_scrollbars
 from sparkconsole.ui.screens.calibration import CalibrationScreen
 from sparkconsole.ui.screens.live import forward_worker_failure
@@ -193,7 +195,8 @@ class LogScreen(Screen[None]):
     HELP = (
         "A live log. Scroll up to pause following (a badge counts new lines), End to follow again. "
         "/ searches, n/N move between matches, f shows only matching lines, e jumps to the next "
-        "error, m drops a marker line. On a vLLM log, c sets the planner beside what this start measured."
+        "error, m drops a marker line. On a vLLM log, c sets the planner beside what this start measured; "
+        "E shows the node's engines, this container's first."
     )
 
     DEFAULT_CSS = """
@@ -224,6 +227,7 @@ class LogScreen(Screen[None]):
         Binding("m", "marker", "Mark", id="logs.marker", tooltip="Drop a marker line with the time."),
         Binding("c", "calibrate", "Calibrate", id="logs.calibrate",
                 tooltip="A vLLM log: the planner beside what this start measured, and a re-plan from it."),
+        LOGS_ENGINES_BINDING,
         Binding("escape", "close", "Back", id="logs.close", tooltip="Close the search, or the log screen."),
     ]
 
@@ -614,6 +618,9 @@ class LogScreen(Screen[None]):
         text = head + "\n" + "\n".join(ln.text for ln in self.buffer.lines if ln.kind == "line")
         live = app_live_memory(self.app)
         self.app.push_screen(CalibrationScreen(self.node, text, live.gib if live is not None else None))
+
+    def action_engines(self) -> None:
+        self.post_message(OpenEngines(self.node, self.log_title))
 
     def action_marker(self) -> None:
         self._show([self.buffer.add_marker()])

@@ -13,7 +13,7 @@ from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState
 from sparkconsole.services import Service, services_from_containers
 from sparkconsole.ui.keymap import DETAIL_BINDINGS
-from sparkconsole.ui.messages import ActionFinished, OpenLogs, ServiceActionRequested
+from sparkconsole.ui.messages import ActionFinished, OpenEngines, OpenLogs, ServiceActionRequested
 from sparkconsole.ui.render import DASH, fmt, gib, node_str, node_text, thin_scrollbars
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import card_renderable
@@ -58,7 +58,8 @@ class NodeDetailScreen(LiveScreen):
 
     BINDINGS = DETAIL_BINDINGS
     HELP = ("One node in full. Pick a service in the table: l follows its log, s stops, S starts, "
-            "R restarts (each asks first). / filters, Esc returns to the overview.")
+            "R restarts (each asks first). e shows the engines the node serves (the selected service's "
+            "first). / filters, Esc returns to the overview.")
 
     def __init__(self, node: str) -> None:
         super().__init__(name=f"node:{node}")
@@ -205,6 +206,10 @@ class NodeDetailScreen(LiveScreen):
             self.notify("no service selected", severity="warning")
             return
         self.post_message(OpenLogs(self.node, svc))
+
+    def action_engines(self) -> None:
+        svc = self.selected_service()
+        self.post_message(OpenEngines(self.node, svc.name if svc is not None and svc.kind == "container" else None))
 
     def on_action_finished(self, message: ActionFinished) -> None:
         """A service changed: read the systemd units again (the containers come with the next poll)."""

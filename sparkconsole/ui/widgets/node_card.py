@@ -1,4 +1,5 @@
-"""One node at a glance: status, GPU with history, unified memory, ConnectX-7, containers, alerts."""
+"""One node at a glance: status, GPU with history, unified memory, ConnectX-7, containers, the engines
+it serves, alerts."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState, NodeStatus
 from sparkconsole.ui.render import DASH, fmt, gib, memory_bar, memory_legend, node_str, node_text, sparkline
 from sparkconsole.ui.widgets.lines import RenderedLines
+from sparkconsole.ui.widgets.serving import serving_block, serving_key, serving_title
 
 STATUS_STYLE = {
     NodeStatus.CONNECTING: "yellow",
@@ -179,6 +181,9 @@ def card_renderable(state: NodeState, role: str, now: float, alerts: list[Alert]
     parts += [gpu_processes_line(sample), links_line(sample), containers_line(sample)]
     if sample.containers:
         parts.append(containers_table(sample))
+    serving = serving_block(state, width=width)
+    if serving is not None:
+        parts += [serving_title(state), serving]
     if alerts:
         parts.append(Text(""))
         for alert in alerts:
@@ -219,7 +224,8 @@ class NodeCard(RenderedLines, can_focus=True):
         reason, age as shown and alerts): an unchanged card is not rendered or laid out again."""
         now = self.clock()
         key = (id(state.sample), state.sample.taken_at if state.sample else None, state.status, state.reason,
-               age_text(state, now), tuple((a.severity, a.text) for a in alerts), _last_point(state))
+               age_text(state, now), tuple((a.severity, a.text) for a in alerts), _last_point(state),
+               serving_key(state))
         if key == self._shown_key:
             return
         self._shown_key = key

@@ -23,13 +23,14 @@ from sparkconsole.probe.alerts import Alert
 from sparkconsole.probe.state import NodeState, NodeStatus
 from sparkconsole.ui.keymap import NODE_TABLE_BINDINGS
 from sparkconsole.ui.render import DASH, fmt, gib, memory_bar, sparkline
+from sparkconsole.ui.widgets.serving import serving_cell, serving_cell_text
 
 STATUS_STYLE = {"connecting": "yellow", "up": "green", "stale": "dark_orange", "down": "red"}
 STATUS_RANK = {"down": 0, "stale": 1, "connecting": 2, "up": 3}
 SORTS = ("node", "status", "gpu", "memory", "temp", "power", "alerts")
 SPARK_CELLS = 8
 FIXED = {"index": 3, "status": 13, "gpu": 5 + 1 + SPARK_CELLS, "temp": 6, "power": 6, "mem": 12, "link": 15,
-         "containers": 8}
+         "containers": 8, "serving": 21}
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class NodeRow:
     running: int | None
     containers: int | None
     alerts: tuple[tuple[str, str], ...]
-    search: str  # lower-case text the filter matches: name, status, containers, alerts
+    search: str  # lower-case text the filter matches: name, status, containers, alerts, engines' models
+    serving: tuple = ()  # the busiest engine: model, tok/s, silent, reason, engines (widgets/serving.py)
 
     def sort_value(self, column: str) -> tuple:
         """Bigger-is-worse first for live columns (descending sorts show the busiest on top)."""
@@ -85,8 +87,10 @@ def node_row(index: int, state: NodeState, alerts: list[Alert], now: float) -> N
     containers = sample.containers if sample else []
     age = state.age(now)
     alert_pairs = tuple((a.severity, a.text) for a in alerts)
+    serving = serving_cell(state)
     search = " ".join([state.name, state.status.value, *(c.name or "" for c in containers),
-                       *(text for _, text in alert_pairs)]).lower()
+                       *(text for _, text in alert_pairs),
+                       *(w.engine.model or "" for w in state.engines.values())]).lower()
     return NodeRow(
         index=index, name=state.name, status=state.status.value,
         age=None if age is None or state.status is NodeStatus.UP else int(age),
@@ -97,7 +101,7 @@ def node_row(index: int, state: NodeState, alerts: list[Alert], now: float) -> N
         link=link, link_ok=link_ok,
         running=None if not sample else sum(1 for c in containers if c.state == "running"),
         containers=None if not sample else len(containers),
-        alerts=alert_pairs, search=search,
+        alerts=alert_pairs, search=search, serving=serving,
     )
 
 
@@ -142,6 +146,9 @@ def row_text(row: NodeRow, name_width: int, bar_width: int, rest: int) -> Text:
     text.append(" ")
     text.append_text(_cell(f"{gib(row.mem_used, 0)}/{gib(row.mem_total, 0)} GiB", FIXED["mem"], "right"))
     text.append("  ")
+    # before the link: on a narrow terminal what an engine does matters more than the link's rate
+    text.append_text(_cell(serving_cell_text(row.serving, FIXED["serving"]), FIXED["serving"]))
+    text.append("  ")
     link_style = "dim" if row.link_ok is None else ("green" if row.link_ok else "red")
     text.append_text(_cell(Text(row.link, style=link_style), FIXED["link"]))
     boxes = DASH if row.containers is None else f"{row.running}/{row.containers}"
@@ -174,6 +181,8 @@ def header_text(name_width: int, bar_width: int, sort: str, reverse: bool) -> Te
     text.append_text(h("power", "power", FIXED["power"], "right"))
     text.append("  ")
     text.append_text(h("unified memory", "memory", bar_width + 1 + FIXED["mem"]))
+    text.append("  ")
+    text.append_text(h("serving", None, FIXED["serving"]))
     text.append("  ")
     text.append_text(h("ConnectX-7", None, FIXED["link"]))
     text.append_text(h("running", None, FIXED["containers"], "right"))
@@ -270,7 +279,7 @@ class NodeTable(ScrollView, can_focus=True):
         return row.search if row else name.lower()
 
     def _widths(self, width: int) -> tuple[int, int]:
-        fixed = sum(FIXED.values()) + self._name_width + 2 + 12
+        fixed = sum(FIXED.values()) + self._name_width + 2 + 14
         bar = max(10, min(40, width - fixed - 24))
         rest = max(1, width - fixed - bar - 1)
         return bar, rest
