@@ -25,6 +25,7 @@ from tests.ui_support import (  # noqa: E402
     confirm_restart,
     demo_app,
     dense_view,
+    engine_view_under_load,
     help_screen,
     link_down,
     node_detail,
@@ -53,6 +54,7 @@ SHOTS: list[tuple[str, str, Callable[..., Awaitable[None]]]] = [
     ("calibration", "healthy", calibration),
     ("wizard-decision", "story", wizard_decision),
     ("wizard-weights-loading", "story", wizard_weights_loading),
+    ("engine-view", "story", engine_view_under_load),
 ]
 
 

@@ -274,3 +274,26 @@ async def calibration(pilot, app) -> None:
     await holds(pilot, lambda: cal.calibration is not None and cal.calibration.replan is not None, "the re-plan")
     steady_cursors(app)
     await pilot.pause(0.2)
+
+
+async def engine_view_under_load(pilot, app) -> None:
+    """The head's engine view while ``vllm bench serve`` runs in ``vllm-glm`` at concurrency 8: the
+    twin's engine counts every request the benchmark sends, and the console reads it every third
+    tick (the README's picture of the engine view)."""
+    from sparkconsole.sim.shell import Shell
+
+    await started(pilot, app, ticks=12)
+    head = app.config.nodes[0].name
+    bench = ("docker exec vllm-glm vllm bench serve --backend openai-chat --base-url http://127.0.0.1:8000 "
+             "--endpoint /v1/chat/completions --model glm-4.7-flash --tokenizer GadflyII/GLM-4.7-Flash-NVFP4 "
+             "--dataset-name random --random-input-len 1024 --random-output-len 256 --num-prompts 64 "
+             "--max-concurrency 8")
+    task = asyncio.ensure_future(Shell(app.demo_cluster.sim, head).capture(bench))
+    await poll_ticks(pilot, app, ticks=15)
+    await pilot.press("1")
+    await screen_is(pilot, app, "NodeDetailScreen")
+    await pilot.press("e")
+    screen = await screen_is(pilot, app, "EngineScreen")
+    await poll_ticks(pilot, app, ticks=3)
+    await holds(pilot, lambda: screen.focused is not None, "an engine focused")
+    task.cancel()

@@ -14,6 +14,7 @@ from typing import Literal
 
 from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState, NodeStatus
+from sparkconsole.serving.watch import EngineWatch
 
 Severity = Literal["critical", "warning", "info"]
 LOW_MEMORY_FRACTION = 0.10
@@ -69,32 +70,44 @@ def engine_alerts(state: NodeState) -> list[Alert]:
     """What the serving poll sees going wrong (issue 24): the signals vLLM's own DGX Spark guide
     says to watch (KV usage, running/waiting, preemptions), and an engine gone quiet. The subject is
     the engine's port, so two engines on one node are two alerts."""
-    out: list[Alert] = []
     sample = state.sample
     running = {c.name for c in sample.containers if c.state == "running"} if sample else set()
+    out: list[Alert] = []
     for port, watch in sorted(state.engines.items()):
-        e = watch.engine
-        name = f"{e.model or e.kind} on :{port}"
-        subject = str(port)
-        if watch.silent and (e.on_host or e.where in running):
-            where = "its process" if e.on_host else f"container {e.where}"
-            out.append(Alert(state.name, "critical", f"{name} stopped answering /metrics ({watch.reason}) while "
-                             f"{where} runs", kind="engine-silent", subject=subject))
-            continue
-        f = watch.figures()
-        if not f.answering:
-            continue
-        kv = f.kv_cache_usage
-        if f.preemptions_1m:
-            out.append(Alert(state.name, "warning", f"{name}: {f.preemptions_1m:.0f} preemptions in the last "
-                             "minute (KV cache too small for the load: requests are recomputed)",
-                             kind="engine-preempting", subject=subject))
-        if f.waiting_rising and kv is not None and kv >= KV_BUSY:
-            out.append(Alert(state.name, "warning", f"{name}: queue growing ({f.requests_waiting:.0f} waiting) "
-                             f"while the KV cache is {kv:.0%} full", kind="engine-queue", subject=subject))
-        if kv is not None and kv >= KV_FULL:
-            out.append(Alert(state.name, "warning", f"{name}: KV cache {kv:.0%} full", kind="engine-kv-full",
-                             subject=subject))
+        alive = watch.engine.on_host or watch.engine.where in running
+        key = (state.name, watch.reads, alive)
+        memo = watch.memo.get("alerts")
+        if memo is None or memo[0] != key:  # every tick asks; only a new read changes the answer
+            memo = watch.memo["alerts"] = (key, tuple(_engine_alerts(state.name, port, watch, alive)))
+        out.extend(memo[1])
+    return out
+
+
+def _engine_alerts(node: str, port: int, watch: EngineWatch, alive: bool) -> list[Alert]:
+    """One engine's alerts; ``alive``: its container (or process) still runs."""
+    e = watch.engine
+    name = f"{e.model or e.kind} on :{port}"
+    subject = str(port)
+    if watch.silent:
+        if not alive:
+            return []  # stopped on purpose: no alarm
+        where = "its process" if e.on_host else f"container {e.where}"
+        return [Alert(node, "critical", f"{name} stopped answering /metrics ({watch.reason}) while {where} runs",
+                      kind="engine-silent", subject=subject)]
+    f = watch.figures()
+    if not f.answering:
+        return []
+    out: list[Alert] = []
+    kv = f.kv_cache_usage
+    if f.preemptions_1m:
+        out.append(Alert(node, "warning", f"{name}: {f.preemptions_1m:.0f} preemptions in the last minute (KV "
+                         "cache too small for the load: requests are recomputed)", kind="engine-preempting",
+                         subject=subject))
+    if f.waiting_rising and kv is not None and kv >= KV_BUSY:
+        out.append(Alert(node, "warning", f"{name}: queue growing ({f.requests_waiting:.0f} waiting) while the KV "
+                         f"cache is {kv:.0%} full", kind="engine-queue", subject=subject))
+    if kv is not None and kv >= KV_FULL:
+        out.append(Alert(node, "warning", f"{name}: KV cache {kv:.0%} full", kind="engine-kv-full", subject=subject))
     return out
 
 

@@ -16,6 +16,7 @@ delays another. The Textual UI arms its own timers around ``poll_once``; scripts
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -43,6 +44,7 @@ DOWN_AFTER_FAILURES = 3
 # The serving poll reads each engine's page every this many ticks (6 s at the default 2 s): slower
 # than the hardware, one request per engine then, inside the tick's one batched probe request
 SERVING_EVERY = 3
+SERVING_MIN_S = 5.0  # and never more often than this: a console polling every second reads pages every 5
 
 
 def _reason(exc: BaseException) -> str:
@@ -228,6 +230,12 @@ class NodePoller:
             self._tick += 1
             return state
 
+    @property
+    def serving_every(self) -> int:
+        """Ticks between two reads of the engines' pages: :data:`SERVING_EVERY`, more when the
+        interval is short (at least :data:`SERVING_MIN_S` apart)."""
+        return max(SERVING_EVERY, math.ceil(SERVING_MIN_S / max(self.interval, 0.1) - 1e-9))
+
     def _running(self) -> frozenset[str] | None:
         sample = self.state.sample
         if sample is None:
@@ -245,7 +253,7 @@ class NodePoller:
         if tick % ENGINES.every == 0 or (running is not None and running != self._engines_for):
             wanted += (ENGINES.name,)
             self._engines_for = running
-        if tick % SERVING_EVERY == 0 or self._pages_due:
+        if tick % self.serving_every == 0 or self._pages_due:
             self._pages_due = False
             wanted += tuple(metrics_section(port) for port in sorted(self.state.engines))
         return wanted

@@ -165,14 +165,19 @@ class EngineWatch:
     version: str | None = None
     pages: deque[tuple[float, EngineMetrics]] = field(default_factory=deque)
     history: deque[tuple[float, float | None]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    reads: int = 0  # every read counted, page or not: what is drawn from the watch changes only with it
     failures: int = 0  # reads in a row without a page
     answered: bool = False  # ever answered
     reason: str = "not read yet"
     _digest: bytes = b""
+    _figures: tuple[tuple, EngineFigures] | None = field(default=None, repr=False, compare=False)
+    #: what readers derive from this watch (the alerts), kept with it and keyed by ``reads`` by them
+    memo: dict[str, tuple] = field(default_factory=dict, repr=False, compare=False)
 
     def record(self, t: float, text: str, rc: int | None) -> None:
         """One read of the page (the probe section's text and exit code). A page identical to the last
         one (an idle engine) is not parsed again: its figures are the last ones, at the new time."""
+        self.reads += 1
         digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest()
         page: EngineMetrics | None
         if digest == self._digest and self.pages and rc == 0:
@@ -216,6 +221,18 @@ class EngineWatch:
         return self.answered and self.failures >= SILENT_AFTER
 
     def figures(self, now: float | None = None) -> EngineFigures:
+        """The figures as of ``now`` (default: the last read). Kept until the next read: the card,
+        the table row, the engine view and every tick's alerts ask for the same figures, and the
+        percentiles walk the kept pages (a 32-node console asked for them 32 times a second)."""
+        at = self.pages[-1][0] if self.pages else None
+        key = (self.reads, None if now is None or now == at else now)
+        if self._figures is not None and self._figures[0] == key:
+            return self._figures[1]
+        f = self._compute(now)
+        self._figures = (key, f)
+        return f
+
+    def _compute(self, now: float | None) -> EngineFigures:
         e = self.engine
         base = dict(node=e.node, port=e.port, kind=e.kind, model=e.model, where=e.where, image=e.image,
                     version=self.version)

@@ -206,6 +206,7 @@ class SparkConsoleApp(App[int]):
         self.serving = serving  # the serving poll: find the nodes' engines, read their /metrics
         self.paused = False
         self.poller: ClusterPoller | None = None
+        self._alerts_memo: tuple[tuple, list[Alert]] | None = None
         self._poll_timers: dict[str, Timer] = {}
         self._poll_started: dict[str, float] = {}  # monotonic start of the poll in flight, per node
         self._watchdog_cancelled: set[str] = set()
@@ -421,7 +422,16 @@ class SparkConsoleApp(App[int]):
         container's name, a reason, a driver version), so they are cleaned here, where the UI
         takes them, on one line each (:func:`~sparkconsole.logs.follow.display_fields`: a copy
         only when needed)."""
-        return [display_fields(a, " ") for a in cluster_alerts(self.states())]
+        states = self.states()
+        # every node's update and every screen's pass asks; the answer changes only with a state (the
+        # samples themselves are in the key: held, so a new one is never taken for the old)
+        key = tuple((st.sample, st.status, st.reason, st.failures, tuple(w.reads for w in st.engines.values()))
+                    for st in states)
+        if self._alerts_memo is not None and self._alerts_memo[0] == key:
+            return list(self._alerts_memo[1])
+        alerts = [display_fields(a, " ") for a in cluster_alerts(states)]
+        self._alerts_memo = (key, alerts)
+        return list(alerts)
 
     def status_strip(self, width: int | None = None) -> Text:
         """Every node with its number and status, then the polling state. When that does not fit in

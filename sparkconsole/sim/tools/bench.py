@@ -7,8 +7,10 @@ Every request they send is a chat completion registered with the engine through
 sim time the request takes (as ``curl`` does for one completion), so ``/metrics`` moves while a
 benchmark runs and the figures the tool prints are the ones the engine counted: TTFT is a request's
 ``first - t0``, its inter-token latency ``1 / rate``, the run's duration from its first start to its
-last end. Requests at concurrency C run C at a time (a new one starts as one ends); the sim's engine
-has no batch limit, so each request takes what it would alone.
+last end. Requests at concurrency C run C at a time (a new one starts as one ends); the engine's own
+scheduler (:mod:`sparkconsole.sim.vllm_metrics`: batch limit, KV blocks, preemption, decode slowing
+as the batch grows) decides when each one's tokens come, so the command re-reads each request's end
+after every wait and takes its inter-token latency from the request's own timeline.
 
 ``vllm bench serve``: its ``--save-result`` JSON goes to ``--result-dir/--result-filename`` in the
 container's files (the keys of the real file, in its order); stdout is the run's lines and its result

@@ -63,21 +63,10 @@ def engine_key(watch: EngineWatch) -> tuple:
     return (watch.engine, watch.version, last, len(watch.history), watch.failures, watch.reason)
 
 
-_FIGURES: dict[int, tuple[tuple, EngineFigures]] = {}
-
-
 def figures(watch: EngineWatch) -> EngineFigures:
-    """``watch.figures()``, computed once per read of the engine (the card, the row and the panel of
-    one engine ask for the same figures on every redraw; the percentiles walk the kept pages)."""
-    key = engine_key(watch)
-    hit = _FIGURES.get(id(watch))
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    if len(_FIGURES) > 4096:  # engines come and go: forget them all now and then
-        _FIGURES.clear()
-    f = watch.figures()
-    _FIGURES[id(watch)] = (key, f)
-    return f
+    """``watch.figures()``: kept by the watch until its next read (the card, the row and the panel of
+    one engine ask for the same figures on every redraw)."""
+    return watch.figures()
 
 
 def serving_key(state: NodeState) -> tuple:
