@@ -293,3 +293,17 @@ def test_snapshot_json_has_engines_with_every_contract_key():
 
 if __name__ == "__main__":  # pragma: no cover
     asyncio.run(test_rates_and_windowed_percentiles_follow_the_twins_engine())
+
+
+def test_a_percentile_in_the_first_bucket_is_said_as_below_its_bound():
+    """vLLM's queue-time buckets start at 0.3 s: requests that never waited all land in the first one,
+    and Prometheus' interpolation reads their median as 0.15 s. The figure keeps that number (it is
+    what histogram_quantile gives) and says it is below the bucket's bound."""
+    lb = 'engine="0",model_name="glm"'
+    buckets = "\n".join(f'vllm:request_queue_time_seconds_bucket{{{lb},le="{le}"}} {n}'
+                        for le, n in (("0.3", 10), ("0.5", 10), ("+Inf", 10)))
+    text = buckets + f"\nvllm:request_queue_time_seconds_count{{{lb}}} 10\n"
+    w = EngineWatch(ENGINE)
+    w.record(0.0, text, 0)
+    f = w.figures()
+    assert math.isclose(f.queue_p50_s, 0.15) and f.below["queue_p50_s"] == 0.3

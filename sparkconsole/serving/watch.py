@@ -76,6 +76,10 @@ class EngineFigures:
     preemptions: float | None = None  # since the engine started
     preemptions_1m: float | None = None  # in the last minute
     waiting_rising: bool = False  # the queue grew over the last reads
+    #: percentiles that fell in their histogram's first bucket, by field, with that bucket's bound: the
+    #: value is Prometheus' interpolation inside it (all-zero queue times read as half of vLLM's first
+    #: 0.3 s bound), so a screen says "< 300 ms" rather than a precise-looking 150 ms
+    below: dict[str, float] = field(default_factory=dict)
 
     def contract_dict(self) -> dict[str, object]:
         """``snapshot --json``'s ``engines`` entry: every key always there, ``null`` when unknown."""
@@ -249,8 +253,15 @@ class EngineWatch:
             g_rate = cur.gen_throughput  # SGLang computes its own over its last interval
         r1, r5 = self._reference(now, WINDOWS[0]), self._reference(now, WINDOWS[1])
 
-        def q(h: str, ref: EngineMetrics | None, quant: float) -> float | None:
-            return window_quantile(getattr(ref, h) if ref is not None else None, getattr(cur, h), quant)
+        below: dict[str, float] = {}
+
+        def q(h: str, ref: EngineMetrics | None, quant: float, name: str) -> float | None:
+            hist = getattr(cur, h)
+            v = window_quantile(getattr(ref, h) if ref is not None else None, hist, quant)
+            first = hist.buckets[0][0] if hist is not None and hist.buckets else None
+            if v is not None and first is not None and 0 < first < float("inf") and v <= first:
+                below[name] = first
+            return v
 
         pre_1m = None
         if cur.preemptions is not None:
@@ -262,13 +273,13 @@ class EngineWatch:
             **base, answering=self.failures == 0, reason=self.reason, read_at=t,  # type: ignore[arg-type]
             requests_running=cur.requests_running, requests_waiting=cur.requests_waiting,
             kv_cache_usage=cur.kv_cache_usage, prompt_tokens_per_s=p_rate, generation_tokens_per_s=g_rate,
-            ttft_p50_s=q("ttft", r1, 0.5), ttft_p95_s=q("ttft", r1, 0.95),
-            itl_p50_s=q("itl", r1, 0.5), itl_p95_s=q("itl", r1, 0.95),
-            ttft_p50_5m_s=q("ttft", r5, 0.5), ttft_p95_5m_s=q("ttft", r5, 0.95),
-            itl_p50_5m_s=q("itl", r5, 0.5), itl_p95_5m_s=q("itl", r5, 0.95),
-            queue_p50_s=q("queue_time", r1, 0.5), queue_p95_s=q("queue_time", r1, 0.95),
-            e2e_p50_s=q("e2e", r5, 0.5), prefix_hit_rate=prefix_hit_rate(r5, cur),
-            preemptions=cur.preemptions, preemptions_1m=pre_1m, waiting_rising=rising)
+            ttft_p50_s=q("ttft", r1, 0.5, "ttft_p50_s"), ttft_p95_s=q("ttft", r1, 0.95, "ttft_p95_s"),
+            itl_p50_s=q("itl", r1, 0.5, "itl_p50_s"), itl_p95_s=q("itl", r1, 0.95, "itl_p95_s"),
+            ttft_p50_5m_s=q("ttft", r5, 0.5, "ttft_p50_5m_s"), ttft_p95_5m_s=q("ttft", r5, 0.95, "ttft_p95_5m_s"),
+            itl_p50_5m_s=q("itl", r5, 0.5, "itl_p50_5m_s"), itl_p95_5m_s=q("itl", r5, 0.95, "itl_p95_5m_s"),
+            queue_p50_s=q("queue_time", r1, 0.5, "queue_p50_s"), queue_p95_s=q("queue_time", r1, 0.95, "queue_p95_s"),
+            e2e_p50_s=q("e2e", r5, 0.5, "e2e_p50_s"), prefix_hit_rate=prefix_hit_rate(r5, cur),
+            preemptions=cur.preemptions, preemptions_1m=pre_1m, waiting_rising=rising, below=below)
 
     def rates(self, last: int | None = None) -> list[float | None]:
         """Generation tok/s per read, oldest first (the sparkline); ``None`` where unknown."""

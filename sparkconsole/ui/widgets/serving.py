@@ -41,10 +41,13 @@ def pct(value: float | None) -> str:
     return DASH if value is None else f"{value * 100:.0f}%"
 
 
-def secs(value: float | None) -> str:
-    """A latency: milliseconds under a second, else seconds; "—" when not known."""
+def secs(value: float | None, below: float | None = None) -> str:
+    """A latency: milliseconds under a second, else seconds; "—" when not known; "< BOUND" when it fell
+    in its histogram's first bucket (``below``: that bucket's bound, where the value is a guess)."""
     if value is None:
         return DASH
+    if below is not None:
+        return "< " + secs(below)
     if value < 1.0:
         return f"{value * 1000:.0f} ms" if value >= 0.01 else f"{value * 1000:.1f} ms"
     return f"{value:.2f} s"
@@ -212,10 +215,13 @@ def _latency_table(f: EngineFigures) -> Table:
     for _ in heads:
         lat.add_column(width=10, justify="right", no_wrap=True)
     lat.add_row(Text("latency", style="bold"), *(Text(h, style="dim") for h in heads))
-    lat.add_row("TTFT", secs(f.ttft_p50_s), secs(f.ttft_p95_s), secs(f.ttft_p50_5m_s), secs(f.ttft_p95_5m_s))
-    lat.add_row("ITL", secs(f.itl_p50_s), secs(f.itl_p95_s), secs(f.itl_p50_5m_s), secs(f.itl_p95_5m_s))
-    lat.add_row("queue", secs(f.queue_p50_s), secs(f.queue_p95_s), "", "")
-    lat.add_row("end to end", "", "", secs(f.e2e_p50_s), "")
+    def cell(name: str) -> str:
+        return secs(getattr(f, name), f.below.get(name))
+
+    lat.add_row("TTFT", cell("ttft_p50_s"), cell("ttft_p95_s"), cell("ttft_p50_5m_s"), cell("ttft_p95_5m_s"))
+    lat.add_row("ITL", cell("itl_p50_s"), cell("itl_p95_s"), cell("itl_p50_5m_s"), cell("itl_p95_5m_s"))
+    lat.add_row("queue", cell("queue_p50_s"), cell("queue_p95_s"), "", "")
+    lat.add_row("end to end", "", "", cell("e2e_p50_s"), "")
     return lat
 
 
