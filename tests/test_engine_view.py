@@ -163,18 +163,21 @@ async def test_the_engine_view_opens_from_the_detail_and_moves_with_traffic(tmp_
         await screen_is(pilot, app, "NodeDetailScreen")
 
 
+async def select_service(pilot, detail, name: str) -> None:
+    """Put the node detail's services cursor on ``name`` once the table lists it."""
+    table = detail.query_one("#containers-table")
+    rows = lambda: [str(table.get_row_at(r)[0]) for r in range(table.row_count)]  # noqa: E731
+    await holds(pilot, lambda: name in rows(), f"{name} in the services")
+    table.move_cursor(row=rows().index(name))
+
+
 async def test_the_engine_view_from_a_log_focuses_its_containers_engine(tmp_path):
     app = demo_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await served(pilot, app)
         await pilot.press("1")
         detail = await screen_is(pilot, app, "NodeDetailScreen")
-        table = detail.query_one("#containers-table")
-        await holds(pilot, lambda: any(str(table.get_row_at(r)[0]) == "reranker" for r in range(table.row_count)),
-                    "the reranker in the services")
-        for row in range(table.row_count):
-            if str(table.get_row_at(row)[0]) == "reranker":
-                table.move_cursor(row=row)
+        await select_service(pilot, detail, "reranker")
         await pilot.press("l")
         await screen_is(pilot, app, "LogScreen")
         await pilot.press("E")
@@ -197,11 +200,7 @@ async def test_the_detail_opens_the_selected_containers_engine(tmp_path):
         await served(pilot, app)
         await pilot.press("1")
         detail = await screen_is(pilot, app, "NodeDetailScreen")
-        table = detail.query_one("#containers-table")
-        await holds(pilot, lambda: table.row_count > 0, "services")
-        for row in range(table.row_count):
-            if str(table.get_row_at(row)[0]) == "embeddings":
-                table.move_cursor(row=row)
+        await select_service(pilot, detail, "embeddings")
         await pilot.press("e")
         screen = await screen_is(pilot, app, "EngineScreen")
         await holds(pilot, lambda: isinstance(app.screen.focused, EnginePanel), "an engine focused")

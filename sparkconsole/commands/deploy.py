@@ -37,7 +37,7 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser(
         "deploy", help="deploy one model across the nodes, step by step, with its decisions",
         description="Deploy one large model across DGX Sparks: recon, plan, engine, network, weights, images, "
-        "free-memory, caches, cluster, serve, verify. Resumable (--resume), repeatable (finished steps are "
+        "free-memory, caches, cluster, serve, verify, then a benchmark if you want one. Resumable (--resume), repeatable (finished steps are "
         "skipped), and --teardown removes exactly what it started.")
     add_cluster_args(p)
     p.add_argument("--scenario", default="story", choices=SCENARIOS, help="with --demo: the starting state")
