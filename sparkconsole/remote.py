@@ -827,15 +827,26 @@ _ENGINE_CONTAINERS = (
 # host processes that name an engine (a container's processes are in the host's table too); the
 # bracket keeps grep's own command line out of its matches
 _ENGINE_PROCESSES = "ps -eo pid=,args= | grep -E '[v]llm|[s]glang'"
+# what runs inside each running container besides its main process: ``NAME PID ARGS`` of the ones
+# naming an engine. vLLM over Ray runs as a ``docker exec``ed ``vllm serve`` in the Ray head's container
+# (NVIDIA's playbook, the wizard's own Ray path), whose main process is ``ray start``: only ``docker
+# top`` ties that server to its container (and image), which ``vllm bench serve`` runs in. docker top
+# runs ``ps`` with the given options on the container's processes; its first line is the header.
+_ENGINE_INSIDE = (
+    "for c in $(docker ps --format '{{.Names}}'); do docker top \"$c\" -eo pid,args 2>/dev/null | "
+    "while read -r pid args; do [ \"$pid\" = PID ] || echo \"$c $pid $args\"; done; done | "
+    "grep -E '[v]llm|[s]glang'")
 
 
 def engine_cmdlines() -> RemoteScript:
     """One read-only exec listing what could be an inference engine on the node: section
     ``containers`` (one :data:`ENGINE_INSPECT_FORMAT` line per running container) and section
     ``processes`` (``PID ARGS`` of host processes naming vllm or sglang; grep's exit 1 there means
-    none). Constant text: no value from a user or a node is in it. Read by
-    :func:`sparkconsole.serving.discover.rows_from_engine_cmdlines`."""
-    return sectioned([("containers", _ENGINE_CONTAINERS), ("processes", _ENGINE_PROCESSES)],
+    none) and section ``inside`` (``NAME PID ARGS`` of such processes inside each running container,
+    by ``docker top``: an engine ``docker exec``ed in a Ray container). Constant text: no value from a
+    user or a node is in it. Read by :func:`sparkconsole.serving.discover.rows_from_engine_cmdlines`."""
+    return sectioned([("containers", _ENGINE_CONTAINERS), ("inside", _ENGINE_INSIDE),
+                      ("processes", _ENGINE_PROCESSES)],
                      summary="list the node's vLLM and SGLang engines")
 
 

@@ -122,6 +122,26 @@ def test_rows_from_the_sectioned_output_skip_what_is_not_a_row():
     assert discover("") == [] and discover("\x00\xff{{") == []
 
 
+def test_an_engine_execed_in_a_ray_container_is_that_containers():
+    """vLLM over Ray: the Ray head container's main process is ``ray start``; ``vllm serve`` was
+    ``docker exec``ed in it and shows in ``docker top`` (section ``inside``), so the engine is the
+    container's, with its image, and the host table's copy of the same process is not counted again."""
+    m = R.SECTION_MARK
+    out = (f"{m} section containers\n"
+           '/sparkconsole-ray-ab12 vllm/vllm-openai:v0.17.0 "ray" ["start","--head","--block"]\n'
+           f"{m} rc containers 0\n{m} section inside\n"
+           "sparkconsole-ray-ab12 31337 vllm serve Qwen/Qwen3.5-122B-A10B-FP8 --tensor-parallel-size 2 "
+           "--served-model-name qwen3.5-122b-a10b-fp8 --port 8000 --distributed-executor-backend ray\n"
+           "gone-by-now 5 vllm serve x/y --port 8009\n"  # not a container listed above: no row
+           f"{m} rc inside 0\n{m} section processes\n"
+           "31337 vllm serve Qwen/Qwen3.5-122B-A10B-FP8 --tensor-parallel-size 2 "
+           "--served-model-name qwen3.5-122b-a10b-fp8 --port 8000 --distributed-executor-backend ray\n"
+           f"{m} rc processes 0\n")
+    found = discover(out, node="n1")
+    assert [(e.where, e.image, e.model, e.port) for e in found] == [
+        ("sparkconsole-ray-ab12", "vllm/vllm-openai:v0.17.0", "qwen3.5-122b-a10b-fp8", 8000)]
+
+
 def test_builders_are_read_only_and_constant():
     cmd = R.engine_cmdlines()
     assert not cmd.mutating

@@ -182,7 +182,9 @@ def _options(args: list[str]) -> dict[str, str]:
 
 def rows_from_engine_cmdlines(stdout: str) -> list[Row]:
     """The rows of :func:`sparkconsole.remote.engine_cmdlines`' output: ``(name, image, argv)`` per
-    container line (``/NAME IMAGE "PATH" [ARGS]``) and ``(pid, None, argv)`` per process line
+    container line (``/NAME IMAGE "PATH" [ARGS]``), ``(name, image, argv)`` per process inside one of
+    those containers (``NAME PID ARGS``: an engine ``docker exec``ed in a Ray container, with the
+    container's image), and ``(pid, None, argv)`` per process line
     (``PID ARGS``: ``ps`` joins argv with spaces, so an argument with a space in it reads as two; the
     options discovery needs have none). Lines that are neither (an error docker printed) are skipped."""
     secs = split_tick(stdout.splitlines(), mark=SECTION_MARK)
@@ -192,6 +194,12 @@ def rows_from_engine_cmdlines(stdout: str) -> list[Row]:
         row = _container_row(line)
         if row is not None:
             rows.append(row)
+    images = {row[0]: row[1] for row in rows}
+    inside = secs.get("inside")
+    for line in (inside.text if inside else "").splitlines():
+        name, pid, args = [*line.strip().split(" ", 2), "", ""][:3]
+        if name in images and pid.isdigit() and args.strip():  # a process of a container listed above
+            rows.append((name, images[name], args.split()))
     procs = secs.get("processes")
     for line in (procs.text if procs else "").splitlines():
         pid, _, args = line.strip().partition(" ")

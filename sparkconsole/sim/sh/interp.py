@@ -67,6 +67,14 @@ class IO:
     proc: Process | None = None
 
 
+class Stream(str):
+    """A stdin that ``read`` consumes: a pipe's data or a redirected file, one object per opening (a
+    ``str`` subclass, so two openings of the same text are two objects). Every command of a ``while``
+    loop gets the same one, and ``read`` keeps how far it got beside it (:meth:`Interp.b_read`)."""
+
+    __slots__ = ()
+
+
 class Capture:
     def __init__(self) -> None:
         self.parts: list[str] = []
@@ -148,6 +156,7 @@ class Interp:
         self.cwd = self.account.home
         self.funcs: dict[str, Node] = {}
         self.jobs: dict[int, Process] = {}
+        self._stdin_pos: dict[int, tuple[str, int]] = {}  # how far ``read`` got in a stdin text (b_read)
         self.proc: Process | None = None
         self.lineno = 1
 
@@ -346,7 +355,7 @@ class Interp:
             else:
                 cap = Capture()
                 rc = await sub.command(cmd, IO(cap, io.err, data, proc=io.proc))
-                data = cap.text()
+                data = Stream(cap.text())
         return rc
 
     async def _special_pipe(self, cmds: list[Node], io: IO) -> int | None:
@@ -801,7 +810,7 @@ class Interp:
         for r in redirs:
             if isinstance(r.target, HereDoc):
                 hd = r.target
-                stdin = hd.body if hd.quoted else await X.expand_heredoc(self, hd.body)
+                stdin = Stream(hd.body if hd.quoted else await X.expand_heredoc(self, hd.body))
                 continue
             try:
                 fields = await X.expand_word(self, r.target, split=True, glob=True)
@@ -834,7 +843,7 @@ class Interp:
                     stdin = ""
                     continue
                 try:
-                    stdin = self.fs.read_text(target, self.cwd)
+                    stdin = Stream(self.fs.read_text(target, self.cwd))
                 except FsError:
                     io.err(f"{self.err_prefix()}cannot open {target}: No such file\n")
                     return None
@@ -975,11 +984,30 @@ class Interp:
         return await self.run_script(" ".join(argv[1:]), io)
 
     async def b_read(self, argv: list[str], io: IO) -> int:
+        """``read [-r] NAME…``: one line of stdin, consumed, as a shell's ``read`` does, so ``… | while
+        read -r a b; do …; done`` walks the lines and ends at the last (exit 1 at end of input). Every
+        command of the loop gets the same stdin text (one ``str``), so how far it was read is kept
+        beside it, by that object."""
         names = [a for a in argv[1:] if not a.startswith("-")] or ["REPLY"]
         data = io.stdin or ""
-        if not data:
+        if not isinstance(data, Stream):  # text given whole (a channel's input): its first line
+            if not data:
+                return 1
+            parts = data.split("\n", 1)[0].split(None, len(names) - 1)
+            for k, n in enumerate(names):
+                self.vars[n] = parts[k] if k < len(parts) else ""
+            return 0
+        held = self._stdin_pos.get(id(data))
+        pos = held[1] if held is not None and held[0] is data else 0
+        if pos >= len(data):
+            self._stdin_pos.pop(id(data), None)
             return 1
-        line = data.split("\n", 1)[0]
+        end = data.find("\n", pos)
+        line = data[pos:] if end < 0 else data[pos:end]
+        nxt = len(data) if end < 0 else end + 1
+        if len(self._stdin_pos) > 64:  # loops that stopped reading before the end
+            self._stdin_pos.clear()
+        self._stdin_pos[id(data)] = (data, nxt)
         parts = line.split(None, len(names) - 1)
         for k, n in enumerate(names):
             self.vars[n] = parts[k] if k < len(parts) else ""

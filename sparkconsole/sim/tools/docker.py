@@ -440,6 +440,41 @@ class DockerTools:
             io.out(F.docker_ps_table(self.cluster, self.node_name, t, all_))
         return 0
 
+    async def d_top(self, args: list[str], io: IO) -> int:
+        """``docker top NAME [ps OPTIONS]``: the container's processes as the host's ``ps`` prints them
+        (host pids), its main process first, then what was ``docker exec``ed in it and still runs (an
+        engine started that way: the ``NAME#exec`` record). With ``-eo pid,args`` (what the serving
+        poll asks) the columns are ``PID COMMAND``; docker itself refuses options without a pid column
+        ("Couldn't find PID field in ps output"). Other ps formats: ``UID PID PPID C STIME TTY TIME CMD``."""
+        if not args:
+            io.err('"docker top" requires at least 1 argument.\n')
+            return 1
+        name, opts = args[0], args[1:]
+        t = self.now()
+        ct = self.cluster.container(self.node_name, name)
+        if ct is None:
+            io.err(f"Error response from daemon: No such container: {name}\n")
+            return 1
+        if not ct.running(t):
+            io.err(f"Error response from daemon: container {ct.id} is not running\n")
+            return 1
+        procs = [(ct.main_pid or stable_int(2000, 90000, ct.id, "mainpid"), " ".join(ct.argv))]
+        for sub in self.cluster.containers:
+            if sub.node == ct.node and sub.name == f"{ct.name}#exec" and sub.running(t):
+                procs.append((stable_int(2000, 90000, sub.id, "execpid"), " ".join(sub.argv)))
+        fmt = " ".join(opts)
+        if opts and "pid" not in fmt:
+            io.err("Error response from daemon: Couldn't find PID field in ps output\n")
+            return 1
+        if "pid,args" in fmt or "pid,cmd" in fmt:
+            io.out(f"{'PID':<20}{'COMMAND'}\n" + "".join(f"{pid:<20}{cmd}\n" for pid, cmd in procs))
+        else:
+            head = ("UID", "PID", "PPID", "C", "STIME", "TTY", "TIME", "CMD")
+            io.out("".join(f"{h:<20}" for h in head[:-1]) + head[-1] + "\n"
+                   + "".join(f"{'root':<20}{pid:<20}{'1':<20}{'0':<20}{'Dec01':<20}{'?':<20}{'00:00:01':<20}{cmd}\n"
+                             for pid, cmd in procs))
+        return 0
+
     async def d_stats(self, args: list[str], io: IO) -> int:
         io.out(F.docker_stats_json(self.cluster, self.node_name, self.now()))
         return 0
