@@ -322,3 +322,19 @@ def test_bad_input_is_one_line_and_no_traceback(capsys, argv, code, words):
     err = [ln for ln in cap.err.splitlines() if ln.startswith("sparkconsole:")]
     assert len(err) == 1 and words in err[0], cap.err
     assert "Traceback" not in cap.err + cap.out
+
+
+def test_a_run_names_the_deployment_that_serves_its_port_and_the_plans_concurrency(tmp_path, monkeypatch):
+    """The wizard's endpoint is ``http://HOST:PORT/v1``: a run on that port names the deployment and
+    carries the planner's concurrency figure it was served with; another port names none."""
+    from sparkconsole.commands.bench import _deployment
+    from sparkconsole.deploy.state import DeploymentState, StateStore
+
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path))
+    st = DeploymentState.new("Qwen/Qwen3.5-122B-A10B-FP8", {}, "lab")
+    st.endpoint = "http://10.0.0.5:8000/v1"
+    st.plan.max_concurrency = 6.0
+    StateStore().save(st)
+    assert _deployment("lab", 8000) == (st.id, 6.0)
+    assert _deployment("lab", 8001) == (None, None)
+    assert _deployment("other", 8000) == (None, None)

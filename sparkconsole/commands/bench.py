@@ -191,13 +191,15 @@ async def _on_node(args, concs, config, node, t, R, B) -> dict[str, Any]:
         rows = [r if r.concurrency is not None or i >= len(concs) else B.BenchRow(**{**r.to_dict(), "concurrency": concs[i]})
                 for i, r in enumerate(rows)]
     engine_conc = await _engine_concurrency(t, eng, R)
+    dep_id, plan_conc = _deployment(config.name, eng.port)
     key = B.deployment_key(config.name, node.name, eng.model, eng.port)
     earlier = B.load_runs(key)
     bench_run = B.BenchRun(id=stamp, key=key, created=_now(), tool=tool, cluster=config.name, node=node.name,
                            model=eng.model, port=eng.port,
                            settings={"concurrency": concs, "requests": args.requests, "input_len": args.input_len,
                                      "output_len": args.output_len, "time_limit_s": args.time_limit},
-                           rows=rows, engine_max_concurrency=engine_conc, deployment=_deployment(config.name, eng.port))
+                           rows=rows, engine_max_concurrency=engine_conc, deployment=dep_id,
+                           plan_max_concurrency=plan_conc)
     saved = B.save_run(bench_run)
     previous = earlier[-1] if earlier else None
     return {"run": bench_run, "saved": str(saved), "previous": previous, "engine": eng, "where": eng.where}
@@ -227,15 +229,21 @@ async def _engine_concurrency(t, eng, R) -> float | None:
     return parse_vllm_log(res.stdout).max_concurrency
 
 
-def _deployment(cluster: str, port: int) -> str | None:
-    """The latest deployment made on this cluster, when its endpoint is this port."""
+def _deployment(cluster: str, port: int) -> tuple[str | None, float | None]:
+    """The latest deployment made on this cluster when its endpoint (``http://HOST:PORT/v1``) is this
+    port: its id and the planner's concurrency figure it was served with."""
+    from urllib.parse import urlsplit
+
     from sparkconsole.deploy.state import StateStore
 
     try:
         st = StateStore().load(None, cluster=cluster)
-    except UserError:
-        return None
-    return st.id if st.endpoint and st.endpoint.rstrip("/").endswith(f":{port}") else None
+        served = urlsplit(st.endpoint or "").port
+    except (UserError, ValueError):
+        return None, None
+    if served != port:
+        return None, None
+    return st.id, st.plan.max_concurrency
 
 
 def _now() -> str:
@@ -267,7 +275,8 @@ def _print(args: argparse.Namespace, out: dict[str, Any]) -> None:
     if args.json:
         data = {"rows": [row.json_row() for row in r.rows], "tool": r.tool, "run": r.id, "node": r.node,
                 "model": r.model, "port": r.port, "settings": r.settings,
-                "engine_max_concurrency": r.engine_max_concurrency, "deployment": r.deployment, "saved": out["saved"],
+                "engine_max_concurrency": r.engine_max_concurrency, "plan_max_concurrency": r.plan_max_concurrency,
+                "deployment": r.deployment, "saved": out["saved"],
                 "previous": None if prev is None else {"run": prev.id, "created": prev.created, "tool": prev.tool,
                                                        "rows": [row.json_row() for row in prev.rows]},
                 "comparison": None if prev is None else B.compare_runs(prev, r)}
@@ -290,8 +299,11 @@ def _print(args: argparse.Namespace, out: dict[str, Any]) -> None:
     if r.engine_max_concurrency is not None:
         print(f"the engine's own concurrency figure at its full context: {r.engine_max_concurrency:g} requests "
               "(its log's 'Maximum concurrency'; `sparkconsole plan` predicts it)")
-    else:
+    elif r.plan_max_concurrency is None:
         print("the engine's concurrency figure: not read (no container log with vLLM's 'Maximum concurrency' line)")
+    if r.plan_max_concurrency is not None:
+        print(f"the plan's concurrency figure (deployment {r.deployment}): {r.plan_max_concurrency:.1f} requests of "
+              "its whole context at once")
     if prev is not None:
         print(f"\ncompared with the previous run {prev.id} ({prev.created}, {B.TOOL_NAMES.get(prev.tool, prev.tool)}):")
         print(f"{'conc':>5} {'gen tok/s before → now':>26} {'prompt tok/s before → now':>28} {'TTFT p50 before → now':>26}")

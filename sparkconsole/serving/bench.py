@@ -450,6 +450,7 @@ class BenchRun:
     rows: list[BenchRow] = field(default_factory=list)
     engine_max_concurrency: float | None = None  # the engine's own figure at its context (its log)
     deployment: str | None = None
+    plan_max_concurrency: float | None = None  # the planner's figure, from the deployment that served it
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -465,7 +466,8 @@ class BenchRun:
                        settings=dict(data.get("settings") or {}),
                        rows=[BenchRow.from_dict(r) for r in data.get("rows") or []],
                        engine_max_concurrency=_num(data.get("engine_max_concurrency")),
-                       deployment=data.get("deployment"))
+                       deployment=data.get("deployment"),
+                       plan_max_concurrency=_num(data.get("plan_max_concurrency")))
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"benchmark run is not readable: {exc}") from exc
 
