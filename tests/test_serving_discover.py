@@ -6,6 +6,11 @@ discovered on the head over SSH, then scraped there, read by the metrics parser.
 from __future__ import annotations
 
 import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from sparkconsole import remote as R
 from sparkconsole.errors import ValidationError
@@ -18,6 +23,7 @@ from sparkconsole.serving.discover import (
 from sparkconsole.serving.metrics import parse_metrics
 from sparkconsole.sim import SimClock, start_demo_cluster
 from sparkconsole.sim.scenarios import GLM
+from tests.lab.docker import DockerLab, docker, docker_lab_fixture
 from tests.test_sim_shell import HEAD
 from tests.test_sim_shell import _connect as sim_connect
 from tests.test_sim_shell import ssh as sim_ssh
@@ -175,3 +181,32 @@ async def test_the_story_engine_is_found_on_the_head_and_scraped_there():
         metrics = parse_metrics(page.stdout)
         assert [m.model for m in metrics] == ["glm-4.7-flash"] and metrics[0].kind == "vllm"
         assert glm.model != GLM  # the served name, not the repo id
+
+
+# ---- on a real Docker engine ---------------------------------------------------------------------
+
+@pytest.fixture
+def docker_lab(tmp_path: Path) -> Iterator[DockerLab]:
+    yield from docker_lab_fixture(tmp_path)
+
+
+@pytest.mark.docker
+def test_real_docker_top_ties_an_execed_engine_to_its_container(docker_lab):
+    """The discovery script under the real ``sh`` against the real Docker engine: the container's main
+    process is not an engine (``sleep``, as ``ray start`` is not), and a ``vllm serve`` started in it
+    with ``docker exec`` (here a shell script named vllm, run by busybox's sh) shows in ``docker top``'s
+    real output, so it is the container's, with its image."""
+    import subprocess
+
+    name = docker_lab.run("engine", "echo 'sleep 600' > /tmp/vllm; sleep 600")
+    docker("exec", "-d", name, "sh", "/tmp/vllm", "serve", "m/x", "--served-model-name", "x", "--port", "8123")
+    deadline = time.monotonic() + 30
+    found: list = []
+    while time.monotonic() < deadline:
+        out = subprocess.run(["sh", "-c", R.engine_cmdlines().shell()], capture_output=True, text=True,
+                             timeout=60).stdout
+        found = [e for e in discover(out, node="lab") if e.where == name]
+        if found:
+            break
+        time.sleep(0.5)
+    assert [(e.kind, e.model, e.port, e.image) for e in found] == [("vllm", "x", 8123, docker_lab.image)], out

@@ -130,6 +130,8 @@ def _unwrap(argv: list[str], depth: int = 0) -> tuple[str, list[str], str | None
         except ValueError:
             return None
         return _unwrap(inner, depth + 1)
+    if (argv[0] in _SHELLS or base in _SHELLS) and len(argv) > 1 and argv[1].rsplit("/", 1)[-1] in ("vllm", "sglang"):
+        return _unwrap(argv[1:], depth + 1)  # ps: sh /usr/local/bin/vllm serve … (a shell wrapper named vllm)
     if base.startswith("python"):
         j = 1
         while j < len(argv) and argv[j].startswith("-") and argv[j] != "-m":
