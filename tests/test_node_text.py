@@ -487,7 +487,7 @@ def test_fuzz_the_render_functions_show_node_text_plain(words):
 
     up = NodeState("spark-a", NodeStatus.UP, sample=node_sample("spark-a", words), last_ok_at=1.0)
     down = NodeState("spark-b", NodeStatus.DOWN, reason=words[-1])
-    fake = SimpleNamespace(states=lambda: [up, down], clock=lambda: 2.0, events=deque())
+    fake = SimpleNamespace(states=lambda: [up, down], clock=lambda: 2.0, events=deque(), _alerts_memo=None)
     alerts = SparkConsoleApp.alerts(fake)  # the app's own: where the UI takes the alerts
     for state in (up, down):
         mine = [a for a in alerts if a.node == state.name]
