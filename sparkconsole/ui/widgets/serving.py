@@ -205,6 +205,7 @@ def _where(f: EngineFigures) -> str:
 
 
 LATENCY_WIDTH = 12 + 4 * (10 + 2)  # the latency table: its label column and four figures
+FIGURES_MAX_WIDTH = 64
 SIDE_BY_SIDE_AT = LATENCY_WIDTH + 2 + 44  # a panel this wide shows the figures beside the latencies
 
 
@@ -268,7 +269,9 @@ def engine_panel(watch: EngineWatch, alerts: Sequence[Alert], width: int = 100) 
     where = Text(f"{_where(f)} · image {node_str(f.image) or DASH}", style="dim")
     parts: list = [head, where, Text("")]
     if width >= SIDE_BY_SIDE_AT:
-        left = width - LATENCY_WIDTH - 2
+        # the figures' column no wider than they need: on a wide screen the latencies sit beside
+        # them, not across the panel at its far edge
+        left = min(width - LATENCY_WIDTH - 2, FIGURES_MAX_WIDTH)
         both = Table.grid(padding=(0, 2))
         both.add_column(width=left, no_wrap=True)
         both.add_column(width=LATENCY_WIDTH, no_wrap=True)
