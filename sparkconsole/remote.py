@@ -850,15 +850,6 @@ def engine_cmdlines() -> RemoteScript:
                      summary="list the node's vLLM and SGLang engines")
 
 
-def metrics_scrape(port: int, timeout_s: int = 2) -> RemoteCommand:
-    """``curl -s -m 2 http://127.0.0.1:PORT/metrics`` run on the node: its loopback reaches an engine
-    bound to 127.0.0.1 (SGLang's default) and one whose port the laptop cannot reach. vLLM guards only
-    ``/v1`` with its API key, so no key is sent; ``-m`` keeps a hung engine from holding the node's
-    connection past a tick."""
-    p = validate_port(port)
-    return command("curl", "-s", "-m", str(max(1, int(timeout_s))), f"http://127.0.0.1:{p}/metrics")
-
-
 # The serving poll's page read, as the probe runs it: ``$1`` the port, ``$2`` the pattern of the lines
 # the console reads. The page is filtered on the node (``grep -E``) so only those lines cross the
 # connection; curl's own error line (``-S``: ``curl: (7) Failed to connect …``) passes the filter so

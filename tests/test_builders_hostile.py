@@ -144,7 +144,7 @@ def _builders() -> dict[str, Callable[[str], R.RemoteCommand]]:
         "http_post_json_keyed.key_file": lambda v: R.http_post_json_keyed("http://127.0.0.1:8000/v1/x", "{}", v),
         "http_status.url": lambda v: R.http_status(v),
         # engines found on their own (issue 24, item 1): a port is a number or nothing
-        "metrics_scrape.port": lambda v: R.metrics_scrape(v),  # type: ignore[arg-type]
+        "metrics_probe.port": lambda v: R.metrics_probe(v),  # type: ignore[arg-type]
         # issue 24, item 4: the benchmark's commands
         "vllm_bench_serve.container": lambda v: R.vllm_bench_serve(v, 8000, "m", "o/m", **_BENCH),
         "vllm_bench_serve.served": lambda v: R.vllm_bench_serve("c1", 8000, v, "o/m", **_BENCH),

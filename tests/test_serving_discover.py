@@ -20,7 +20,7 @@ from sparkconsole.serving.discover import (
     engines_from_cmdlines,
     rows_from_engine_cmdlines,
 )
-from sparkconsole.serving.metrics import parse_metrics
+from sparkconsole.serving.metrics import parse_metrics, sample_pattern
 from sparkconsole.sim import SimClock, start_demo_cluster
 from sparkconsole.sim.scenarios import GLM
 from tests.lab.docker import DockerLab, docker, docker_lab_fixture
@@ -43,7 +43,8 @@ def test_vllm_serve_with_a_served_model_name():
     e = one(["vllm", "serve", "zai-org/GLM-4.7-Flash", "--served-model-name", "glm-4.7-flash", "--port", "8001",
              "--host", "127.0.0.1", "--api-key", "sk-secret"])
     assert e == Engine(node="spark-1", kind="vllm", where="c1", image="vllm/vllm-openai:v0.14.1",
-                       model="glm-4.7-flash", port=8001, host="127.0.0.1", api_key_on_cmdline=True)
+                       model="glm-4.7-flash", port=8001, host="127.0.0.1", api_key_on_cmdline=True,
+                       model_path="zai-org/GLM-4.7-Flash")
     assert "sk-secret" not in repr(e)  # the key's value is never kept
 
 
@@ -152,16 +153,18 @@ def test_builders_are_read_only_and_constant():
     cmd = R.engine_cmdlines()
     assert not cmd.mutating
     assert "docker inspect -f '{{.Name}} {{.Config.Image}} {{json .Path}} {{json .Args}}' $n" in cmd.shell()
-    scrape = R.metrics_scrape(8001)
-    assert not scrape.mutating and scrape.shell() == "curl -s -m 2 http://127.0.0.1:8001/metrics"
+    scrape = R.metrics_probe(8001)
+    assert not scrape.mutating and scrape.shell().startswith(
+        "sh -c 'curl -sS -m 2 \"http://127.0.0.1:$1/metrics\" 2>&1 | grep -E \"$2\"' sh 8001 ")
     for bad in (0, 65536, "8000; touch x", True, None):
         try:
-            R.metrics_scrape(bad)  # type: ignore[arg-type]
+            R.metrics_probe(bad)  # type: ignore[arg-type]
         except ValidationError as exc:
             assert "\n" not in str(exc)
         else:
             raise AssertionError(bad)
-    assert shlex.split(scrape.shell())[-1] == "http://127.0.0.1:8001/metrics"
+    argv = shlex.split(scrape.shell())
+    assert argv[4] == "8001" and argv[5] == sample_pattern() + "|^curl: "  # the port and the pattern: arguments
 
 
 # ---- on the simulated cluster --------------------------------------------------------------------
@@ -176,7 +179,7 @@ async def test_the_story_engine_is_found_on_the_head_and_scraped_there():
             assert (glm.kind, glm.model, glm.port, glm.image, glm.node) == (
                 "vllm", "glm-4.7-flash", 8000, "vllm/vllm-openai:v0.14.1", HEAD)
             assert {e.port for e in engines.values()} >= {8000, 8001, 8002}
-            page = await sim_ssh(demo, HEAD, R.metrics_scrape(glm.port).shell(), step=0.05, conn=conn)
+            page = await sim_ssh(demo, HEAD, R.metrics_probe(glm.port).shell(), step=0.05, conn=conn)
         assert page.exit_status == 0
         metrics = parse_metrics(page.stdout)
         assert [m.model for m in metrics] == ["glm-4.7-flash"] and metrics[0].kind == "vllm"

@@ -192,14 +192,12 @@ async def _on_node(args, concs, config, node, t, R, B) -> dict[str, Any]:
                 for i, r in enumerate(rows)]
     engine_conc = await _engine_concurrency(t, eng, R)
     dep_id, plan_conc = _deployment(config.name, eng.port)
-    key = B.deployment_key(config.name, node.name, eng.model, eng.port)
-    earlier = B.load_runs(key)
-    bench_run = B.BenchRun(id=stamp, key=key, created=_now(), tool=tool, cluster=config.name, node=node.name,
-                           model=eng.model, port=eng.port,
-                           settings={"concurrency": concs, "requests": args.requests, "input_len": args.input_len,
-                                     "output_len": args.output_len, "time_limit_s": args.time_limit},
-                           rows=rows, engine_max_concurrency=engine_conc, deployment=dep_id,
-                           plan_max_concurrency=plan_conc)
+    bench_run = B.BenchRun.new(config.name, node.name, eng.model, eng.port, tool, rows,
+                               {"concurrency": concs, "requests": args.requests, "input_len": args.input_len,
+                                "output_len": args.output_len, "time_limit_s": args.time_limit},
+                               run_id=stamp, engine_max_concurrency=engine_conc, deployment=dep_id,
+                               plan_max_concurrency=plan_conc)
+    earlier = B.load_runs(bench_run.key)
     saved = B.save_run(bench_run)
     previous = earlier[-1] if earlier else None
     return {"run": bench_run, "saved": str(saved), "previous": previous, "engine": eng, "where": eng.where}
@@ -244,12 +242,6 @@ def _deployment(cluster: str, port: int) -> tuple[str | None, float | None]:
     if served != port:
         return None, None
     return st.id, st.plan.max_concurrency
-
-
-def _now() -> str:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _last_line(text: str) -> str:

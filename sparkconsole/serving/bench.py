@@ -349,9 +349,6 @@ def section_text(text: str, name: str) -> str:
 
 # ---- choosing the engine ---------------------------------------------------------------------------
 
-_POOLING_TASKS = {"embed", "embedding", "score", "reward", "classify", "pooling"}
-
-
 @dataclass(frozen=True)
 class Target:
     """An engine to benchmark: the discovered engine, the model it loaded (the tokenizer vLLM's bench
@@ -363,39 +360,11 @@ class Target:
 
 
 def targets(stdout: str, node: str = "") -> list[Target]:
-    """The engines of :func:`sparkconsole.remote.engine_cmdlines`' output with what bench needs."""
-    from sparkconsole.serving.discover import (
-        _options,
-        _positional,
-        _unwrap,
-        engines_from_cmdlines,
-        rows_from_engine_cmdlines,
-    )
+    """The engines of :func:`sparkconsole.remote.engine_cmdlines`' output with what bench needs (read
+    by discovery itself: :attr:`~sparkconsole.serving.discover.Engine.model_path` and ``pooling``)."""
+    from sparkconsole.serving.discover import discover
 
-    out: list[Target] = []
-    seen: set[tuple] = set()
-    for row in sorted(rows_from_engine_cmdlines(stdout), key=lambda r: r[1] is None):
-        engines = engines_from_cmdlines([row], node=node)
-        if not engines:
-            continue
-        e = engines[0]
-        if (e.kind, e.model, e.port) in seen:
-            continue
-        seen.add((e.kind, e.model, e.port))
-        try:
-            cmd = _unwrap([str(a) for a in row[2]])
-        except Exception:  # an odd command line: no model path known
-            cmd = None
-        path, pooling = None, False
-        if cmd is not None:
-            _kind, args, positional = cmd
-            opts = _options(args)
-            path = opts.get("tokenizer") or opts.get("model-path") or opts.get("model") or positional \
-                or _positional(args)
-            pooling = opts.get("runner") == "pooling" or opts.get("task") in _POOLING_TASKS \
-                or opts.get("convert") in ("embed", "classify")
-        out.append(Target(e, path or None, pooling))
-    return out
+    return [Target(e, e.model_path, e.pooling) for e in discover(stdout, node=node)]
 
 
 def pick_target(found: Sequence[Target], port: int | None = None, model: str | None = None) -> Target:
@@ -451,6 +420,17 @@ class BenchRun:
     engine_max_concurrency: float | None = None  # the engine's own figure at its context (its log)
     deployment: str | None = None
     plan_max_concurrency: float | None = None  # the planner's figure, from the deployment that served it
+
+    @classmethod
+    def new(cls, cluster: str, node: str, model: str | None, port: int, tool: str, rows: list[BenchRow],
+            settings: dict[str, Any], *, run_id: str | None = None, **figures: Any) -> BenchRun:
+        """A run made now, kept under its endpoint's key (``figures``: the concurrency figures and the
+        deployment it belongs to): ``sparkconsole bench`` and the wizard's step make theirs the same way."""
+        from datetime import UTC, datetime
+
+        return cls(id=run_id or new_stamp(), key=deployment_key(cluster, node, model, port),
+                   created=datetime.now(UTC).isoformat(timespec="seconds"), tool=tool, cluster=cluster, node=node,
+                   model=model, port=port, settings=settings, rows=rows, **figures)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

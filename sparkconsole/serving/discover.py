@@ -26,6 +26,7 @@ Row = tuple[str, "str | None", Sequence[str]]
 
 # the defaults each server listens on when its command line says nothing: vLLM's ``--port`` 8000
 # and no ``--host`` (every address); SGLang's ServerArgs ``port=30000``, ``host="127.0.0.1"``
+POOLING_TASKS = frozenset({"embed", "embedding", "score", "reward", "classify", "pooling"})
 DEFAULTS = {"vllm": (8000, "0.0.0.0"), "sglang": (30000, "127.0.0.1")}
 
 VLLM_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
@@ -55,6 +56,11 @@ class Engine:
     port: int
     host: str
     api_key_on_cmdline: bool = False
+    #: the model the server loaded (``--tokenizer``, ``--model-path``, ``--model`` or the positional):
+    #: what ``vllm bench serve`` needs as its tokenizer, since the served name is often no Hub id
+    model_path: str | None = None
+    #: a pooling engine (embeddings, a reranker: ``--runner pooling``, ``--task embed``…): no chat
+    pooling: bool = False
 
     @property
     def on_host(self) -> bool:
@@ -87,10 +93,10 @@ def _engine(node: str, where: str, image: str | None, argv: list[str]) -> Engine
     cmd = _unwrap(argv)
     if cmd is None:
         return None
-    kind, args, model = cmd
+    kind, args, positional = cmd
     opts = _options(args)
     served = opts.get("served-model-name")
-    model = served or opts.get("model-path" if kind == "sglang" else "model") or opts.get("model") or model
+    model = served or opts.get("model-path" if kind == "sglang" else "model") or opts.get("model") or positional
     port_d, host_d = DEFAULTS[kind]
     port_s = opts.get("port")
     try:
@@ -99,8 +105,12 @@ def _engine(node: str, where: str, image: str | None, argv: list[str]) -> Engine
         return None
     if not 0 < port < 65536:
         return None
+    path = opts.get("tokenizer") or opts.get("model-path") or opts.get("model") or positional or _positional(args)
+    pooling = (opts.get("runner") == "pooling" or opts.get("task") in POOLING_TASKS
+               or opts.get("convert") in ("embed", "classify"))
     return Engine(node=node, kind=kind, where=where, image=image, model=model or None, port=port,
-                  host=opts.get("host") or host_d, api_key_on_cmdline="api-key" in opts)
+                  host=opts.get("host") or host_d, api_key_on_cmdline="api-key" in opts, model_path=path or None,
+                  pooling=pooling)
 
 
 def _unwrap(argv: list[str], depth: int = 0) -> tuple[str, list[str], str | None] | None:

@@ -161,9 +161,10 @@ def _curl_reason(text: str) -> str:
     return ""
 
 
-@dataclass
+@dataclass(eq=False)
 class EngineWatch:
-    """One engine on one node: the pages read from it over the last five minutes."""
+    """One engine on one node: the pages read from it over the last five minutes. Compared by
+    identity: a screen's cache key holds the watch itself (with ``reads``), never a copy of its pages."""
 
     engine: Engine
     version: str | None = None

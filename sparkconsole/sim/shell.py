@@ -50,7 +50,7 @@ import shlex
 
 from sparkconsole.sim import formats as F
 from sparkconsole.sim.model import SimCluster, SimNode
-from sparkconsole.sim.sh.interp import IO, Capture, Interp, ShellExit, Writer
+from sparkconsole.sim.sh.interp import IO, Capture, Interp, ShellExit, Stream, Writer
 from sparkconsole.sim.tools.bench import BenchTools
 from sparkconsole.sim.tools.common import UNITS_DEFAULT
 from sparkconsole.sim.tools.docker import DockerTools
@@ -93,7 +93,8 @@ class Shell(SysTools, FileTools, NetTools, DockerTools, RayTools, HfTools, Rsync
         table = self.procs
         proc = table.spawn(["sh", "-c", cmdline])
         self.proc = proc
-        task = table.start(proc, self.run_script(cmdline, IO(out, err, stdin, self.env_for({}), proc),
+        task = table.start(proc, self.run_script(cmdline, IO(out, err, None if stdin is None else Stream(stdin),
+                                                             self.env_for({}), proc),
                                                  exec_in=proc))
         try:
             await asyncio.wait({task})

@@ -13,16 +13,12 @@ arrive, or later with ``sparkconsole bench``).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.serving.bench import (
     BenchRun,
     bench_commands,
-    deployment_key,
-    new_stamp,
     rows_from_outputs,
     save_run,
 )
@@ -95,12 +91,10 @@ class Benchmark(Step):
         if not rows:
             raise StepFailed("the benchmark printed no result", "run `sparkconsole bench` to see its output")
         cluster = self.runner.state.cluster or "cluster"
-        run = BenchRun(id=new_stamp(), key=deployment_key(cluster, flow.head, flow.served_name, flow.options.port),
-                       created=datetime.now(UTC).isoformat(timespec="seconds"), tool="vllm", cluster=cluster, node=flow.head, model=flow.served_name,
-                       port=flow.options.port, rows=rows, engine_max_concurrency=flow.plan.max_concurrency,
-                       deployment=self.runner.state.id,
-                       settings={"concurrency": self._concurrencies(), "requests": REQUESTS, "time_limit_s": TIME_LIMIT_S,
-                                 "input_len": INPUT_LEN, "output_len": OUTPUT_LEN})
+        run = BenchRun.new(cluster, flow.head, flow.served_name, flow.options.port, "vllm", rows,
+                           {"concurrency": self._concurrencies(), "requests": REQUESTS, "time_limit_s": TIME_LIMIT_S,
+                            "input_len": INPUT_LEN, "output_len": OUTPUT_LEN},
+                           deployment=self.runner.state.id, plan_max_concurrency=flow.plan.max_concurrency)
         save_run(run)
         for r in rows:
             self.runner.note(_row_line(r))

@@ -990,13 +990,8 @@ class Interp:
         beside it, by that object."""
         names = [a for a in argv[1:] if not a.startswith("-")] or ["REPLY"]
         data = io.stdin or ""
-        if not isinstance(data, Stream):  # text given whole (a channel's input): its first line
-            if not data:
-                return 1
-            parts = data.split("\n", 1)[0].split(None, len(names) - 1)
-            for k, n in enumerate(names):
-                self.vars[n] = parts[k] if k < len(parts) else ""
-            return 0
+        if not isinstance(data, Stream):  # text handed over whole, not through a pipe or a file: from its start
+            data = Stream(data)
         held = self._stdin_pos.get(id(data))
         pos = held[1] if held is not None and held[0] is data else 0
         if pos >= len(data):

@@ -32,7 +32,6 @@ from sparkconsole.ui.widgets.serving import (
     SIDE_BY_SIDE_AT,
     engine_key,
     engine_panel,
-    figures,
     short_model,
 )
 
@@ -64,7 +63,7 @@ class EnginePanel(RenderedLines, can_focus=True):
         self._key = key
         self.draws += 1
         self.watch, self.alerts = watch, alerts
-        f = figures(watch)
+        f = watch.figures()
         kind = KIND_NAME.get(f.kind, f.kind)
         # a str title is markup: the model's name is the node's words, so Text
         self.border_title = Text(f"{short_model(f.model) or kind} :{f.port}")

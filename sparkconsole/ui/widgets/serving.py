@@ -60,16 +60,9 @@ def tok_s(value: float | None) -> str:
 
 
 def engine_key(watch: EngineWatch) -> tuple:
-    """What a line or a panel of this engine shows changes only when this does: a new read (a page or
-    a failure), a new reason."""
-    last = watch.history[-1][0] if watch.history else None
-    return (watch.engine, watch.version, last, len(watch.history), watch.failures, watch.reason)
-
-
-def figures(watch: EngineWatch) -> EngineFigures:
-    """``watch.figures()``: kept by the watch until its next read (the card, the row and the panel of
-    one engine ask for the same figures on every redraw)."""
-    return watch.figures()
+    """What a line or a panel of this engine shows changes only when this does: a new read, a page or
+    a failure (the watch counts them; its engine and version are fixed for its life)."""
+    return (watch, watch.reads)
 
 
 def serving_key(state: NodeState) -> tuple:
@@ -86,7 +79,7 @@ def _state_glyph(f: EngineFigures, silent: bool) -> Text:
 
 def engine_line(watch: EngineWatch, *, spark: int = CARD_SPARK) -> list[Text]:
     """One engine on a card, as the cells of a row: state, model, port, what it says."""
-    f = figures(watch)
+    f = watch.figures()
     glyph = _state_glyph(f, watch.silent)
     model = node_text(short_model(f.model) or f.kind, "bold")
     port = Text(f":{f.port}", style="dim")
@@ -144,7 +137,7 @@ def busiest(state: NodeState) -> tuple[EngineWatch, EngineFigures] | None:
     """The engine a table row names: a silent one first (it needs the eye), then the most tokens out."""
     best: tuple[tuple, EngineWatch, EngineFigures] | None = None
     for _, w in sorted(state.engines.items()):
-        f = figures(w)
+        f = w.figures()
         rank = (w.silent, f.generation_tokens_per_s or 0.0, f.requests_running or 0.0, -f.port)
         if best is None or rank > best[0]:
             best = (rank, w, f)
@@ -253,7 +246,7 @@ def _figures_table(watch: EngineWatch, f: EngineFigures, width: int) -> Table:
 def engine_panel(watch: EngineWatch, alerts: Sequence[Alert], width: int = 100) -> Group:
     """Everything the console knows of one engine, at ``width`` cells: the figures beside the
     latencies on a wide panel, above them on a narrow one."""
-    f = figures(watch)
+    f = watch.figures()
     kind = KIND_NAME.get(f.kind, f.kind)
     head = Text()
     head.append_text(_state_glyph(f, watch.silent))
