@@ -216,7 +216,7 @@ class EngineScreen(LiveScreen):
             return
         engine = focused.watch.engine
         if engine.on_host:
-            self.notify(f"{engine.kind} on :{engine.port} runs on the host (pid {engine.where}): no container log",
+            self.notify(f"{engine.kind} on :{engine.port} runs on the host (pid {node_str(engine.where)}): no container log",
                         severity="warning")
             return
         self.post_message(OpenLogs(self.node, Service(name=engine.where, kind="container", state="running",
