@@ -52,7 +52,16 @@ class Process:
 
 
 class ProcTable:
-    """The processes of one node (pids count up from ``first_pid``, as on a fresh boot)."""
+    """The processes of one node (pids count up from ``first_pid``, as on a fresh boot).
+
+    ``started`` counts every process :meth:`spawn` ever made on the node (each command a shell runs
+    as a process, a ``setsid`` fork, an ``&`` job, a ``docker run``'s main process, the ``sh -c`` of
+    each channel), never reset, not even by :meth:`restart_pids`: a test reads it before and after a
+    command to count the processes that command started. Builtins (``echo``, ``read``, ``[``) and
+    wrappers that exec in the same process (``nohup``, ``env``, ``exec``) start none. Pids do not
+    count: they skip numbers. (The sim's ``timeout`` runs its command inside its own process, so
+    ``timeout 5 nvidia-smi`` counts 1 where the real one forks a second: Interp._timeout.)
+    """
 
     def __init__(self, node: str, now: Callable[[], float], first_pid: int = 48_211) -> None:
         self.node = node
@@ -60,6 +69,7 @@ class ProcTable:
         self.first_pid = first_pid
         self._next = first_pid
         self.procs: dict[int, Process] = {}
+        self.started = 0  # processes spawned so far (see the class docstring)
 
     def restart_pids(self, next_pid: int | None = None) -> None:
         """After a reboot pids count up from the start again: a saved bare pid may name a stranger."""
@@ -74,6 +84,7 @@ class ProcTable:
               session_leader: bool = False) -> Process:
         """A new process (not yet running: :meth:`start` gives it its coroutine)."""
         pid = self.new_pid()
+        self.started += 1
         if session_leader or parent is None:
             pgid = sid = pid
             ppid = 1 if parent is None else parent.pid

@@ -189,7 +189,11 @@ def _glob_escape(s: str) -> str:
 
 
 async def expand_word(env: Env, word: str, split: bool = True, glob: bool = True) -> list[str]:
-    """One source word to its fields (``"$@"``-free POSIX rules)."""
+    """One source word to its fields (POSIX rules). ``"$@"`` is modelled as a whole word only (each
+    positional parameter one field, none for none: a function passing its arguments on, ``x() {
+    …; "$@"; }``); inside a longer word it expands like ``"$*"``."""
+    if word == '"$@"':
+        return list(env.params)
     segs = await segments(env, word)
     fields: list[list[Seg]] = [[]]
     has_quote = [False]

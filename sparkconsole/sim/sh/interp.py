@@ -616,10 +616,16 @@ class Interp:
             io.err(f"timeout: invalid time interval '{args[0]}'\nTry 'timeout --help' for more information.\n")
             return 125
         secs = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-        inner = asyncio.ensure_future(self._exec_argv(args[1:], io))
+        # coreutils' timeout forks its command and waits for it: two processes, as on the node (the
+        # probe's process count, issue 25); a signal to timeout reaches the command too
+        child = self.procs.spawn(args[1:], parent=io.proc)
+        inner = self.procs.start(child, self._exec_argv(args[1:], IO(io.out, io.err, io.stdin, io.env, child)))
         timer = asyncio.ensure_future(self.clock.sleep(secs))
         try:
             await asyncio.wait({inner, timer}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            inner.cancel()
+            raise
         finally:
             timer.cancel()
         if inner.done():
@@ -996,6 +1002,8 @@ class Interp:
         pos = held[1] if held is not None and held[0] is data else 0
         if pos >= len(data):
             self._stdin_pos.pop(id(data), None)
+            for n in names:  # at end of input the names are emptied (dash): `while read -r l || [ -n "$l" ]` ends
+                self.vars[n] = ""
             return 1
         end = data.find("\n", pos)
         line = data[pos:] if end < 0 else data[pos:end]

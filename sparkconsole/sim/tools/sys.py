@@ -83,28 +83,51 @@ class SysTools:
         io.out(F.free_b(self.cluster, self.node_name, self.now(), human="-h" in argv))
         return 0
     async def c_nvidia_smi(self, argv: list[str], io: IO) -> int:
-        t = self.now()
+        """``nvidia-smi`` (the table), ``-L``, ``--query-gpu=``/``--query-compute-apps=`` with
+        ``--format=csv[,noheader][,nounits]``, and loop mode: ``-l [SEC]``/``--loop=SEC`` or
+        ``-lms MS``/``--loop-ms=MS`` sample again every interval of *sim* time until the process is
+        killed (its channel closes). Looping, a query prints its header once, then each sample's rows
+        (none for a compute-apps sample without processes); the table prints whole every time."""
         fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), None)
         header = not (fmt and "noheader" in fmt)
         units = not (fmt and "nounits" in fmt)
+        loop = _smi_loop(argv)
+        if isinstance(loop, str):
+            io.err(loop)
+            return 2
+        kind, fields = "table", []  # the first --query-*= option decides, as before
         for a in argv[1:]:
-            if a.startswith("--query-gpu="):
-                if not fmt or "csv" not in fmt:
-                    io.err('"--format=" switch is missing. Please try again.\n')
-                    return 2
-                text, rc = F.query_gpu(self.cluster, self.node_name, t, a.split("=", 1)[1].split(","), header, units)
-                (io.out if rc == 0 else io.err)(text)
-                return rc
-            if a.startswith("--query-compute-apps="):
-                text, rc = F.query_compute_apps(self.cluster, self.node_name, t, a.split("=", 1)[1].split(","),
-                                                header, units)
-                (io.out if rc == 0 else io.err)(text)
-                return rc
-        if "-L" in argv:
+            if a.startswith(("--query-gpu=", "--query-compute-apps=")):
+                kind, _, wanted = a[2:].partition("=")
+                fields = wanted.split(",")
+                break
+        if kind == "query-gpu" and (not fmt or "csv" not in fmt):
+            io.err('"--format=" switch is missing. Please try again.\n')
+            return 2
+        if kind == "table" and "-L" in argv:
             io.out(F.nvidia_smi_L(self.cluster, self.node_name))
             return 0
-        io.out(F.nvidia_smi(self.cluster, self.node_name, t))
-        return 0
+
+        def sample(t: float, head: bool) -> tuple[str, int]:
+            if kind == "query-gpu":
+                return F.query_gpu(self.cluster, self.node_name, t, fields, head, units)
+            if kind == "query-compute-apps":
+                return F.query_compute_apps(self.cluster, self.node_name, t, fields, head, units)
+            return F.nvidia_smi(self.cluster, self.node_name, t), 0
+
+        text, rc = sample(self.now(), header)
+        if rc != 0:
+            io.err(text)
+            return rc
+        io.out(text)
+        if loop is None:
+            return 0
+        while True:  # as the real tool: sleep between queries, until Ctrl+C / SIGHUP / kill
+            await self.clock.sleep(loop)
+            text, _ = sample(self.now(), False)
+            if text:
+                io.out(text)
+
     # ---- systemd -----------------------------------------------------------------------------
 
     @property
@@ -353,3 +376,30 @@ class SysTools:
         for p in found:
             self.procs.signal(p.pid, sig if sig is not None else SIGNALS["TERM"])
         return 0 if found else 1
+
+
+SMI_LOOP_DEFAULT_S = 5.0  # ``nvidia-smi -l`` without a value (nvidia-smi(1))
+_SMI_BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+
+
+def _smi_loop(argv: list[str]) -> float | str | None:
+    """The loop interval in seconds of ``nvidia-smi`` options ``-l [SEC]``, ``--loop=SEC``,
+    ``-lms MS``, ``--loop-ms=MS`` (None: no loop; a str: the error to print)."""
+    args = argv[1:]
+    for i, a in enumerate(args):
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        if a in ("-l", "--loop", "-lms", "--loop-ms"):
+            raw = nxt if nxt is not None and re.fullmatch(r"\d+", nxt) else None
+        elif a.startswith(("--loop=", "--loop-ms=")):
+            raw = a.split("=", 1)[1]
+        else:
+            continue
+        ms = a.startswith(("-lms", "--loop-ms"))
+        if raw is None:
+            if ms:
+                return _SMI_BAD_ARGS
+            return SMI_LOOP_DEFAULT_S
+        if not re.fullmatch(r"\d+", raw) or int(raw) <= 0:
+            return _SMI_BAD_ARGS
+        return int(raw) / 1000 if ms else float(raw)
+    return None
