@@ -11,8 +11,10 @@ memory), ``--query-compute-apps`` (``VLLM::EngineCore, 109832 MiB``), ``/proc/me
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
+import math
 import posixpath
 import time
 import uuid
@@ -29,12 +31,15 @@ from sparkconsole.sim.model import (
     KERNEL,
     KIB,
     MIB,
+    MODELS,
     ZERO_GID,
     Container,
     Iface,
     SimCluster,
     SimNode,
+    _hash01,
     image_digest,
+    noise,
 )
 from sparkconsole.sim.vfs import EINVAL, Unreadable
 
@@ -156,7 +161,15 @@ _QUERY_HEADERS = {
     "power.limit": ("power.limit [W]", "W"), "clocks.sm": ("clocks.current.sm [MHz]", "MHz"),
     "clocks.current.sm": ("clocks.current.sm [MHz]", "MHz"), "clocks.max.sm": ("clocks.max.sm [MHz]", "MHz"),
     "pstate": ("pstate", None), "fan.speed": ("fan.speed [%]", "%"), "persistence_mode": ("persistence_mode", None),
+    "timestamp": ("timestamp", None),
 }
+
+
+def smi_timestamp(c: SimCluster, t: float) -> str:
+    """nvidia-smi's ``timestamp`` query field at sim time ``t``: ``2026/12/02 11:37:38.557`` (UTC, the
+    clock the one-shot table's date line reads)."""
+    sec, ms = divmod(round(c.clock.epoch(t) * 1000), 1000)
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.gmtime(sec)) + f".{ms:03d}"
 
 
 def query_gpu(c: SimCluster, node: str, t: float, fields: list[str], header: bool = True,
@@ -170,6 +183,7 @@ def query_gpu(c: SimCluster, node: str, t: float, fields: list[str], header: boo
         "power.limit": None, "clocks.sm": str(c.gpu_clock(node, t)),
         "clocks.current.sm": str(c.gpu_clock(node, t)), "clocks.max.sm": str(CLOCK_MAX_SM),
         "pstate": c.pstate(node, t), "fan.speed": None, "persistence_mode": "Enabled",
+        "timestamp": smi_timestamp(c, t),
     }
     for f in fields:
         if f not in _QUERY_HEADERS:
@@ -193,7 +207,7 @@ def query_compute_apps(c: SimCluster, node: str, t: float, fields: list[str], he
                        units: bool = True) -> tuple[str, int]:
     names = {"pid": "pid", "process_name": "process_name", "used_gpu_memory": "used_gpu_memory [MiB]",
              "used_memory": "used_gpu_memory [MiB]", "gpu_uuid": "gpu_uuid", "gpu_bus_id": "gpu_bus_id",
-             "name": "process_name"}
+             "name": "process_name", "timestamp": "timestamp"}
     for f in fields:
         if f not in names:
             return (f'Field "{f}" is not a valid field to query.\n\n', 2)
@@ -201,7 +215,9 @@ def query_compute_apps(c: SimCluster, node: str, t: float, fields: list[str], he
     for h, b in c.memory(node, t).gpu_holders:
         row = []
         for f in fields:
-            if f == "pid":
+            if f == "timestamp":  # one stamp for every row of a sample
+                row.append(smi_timestamp(c, t))
+            elif f == "pid":
                 row.append(str(h.pid))
             elif f in ("process_name", "name"):
                 row.append(h.name)
@@ -299,6 +315,10 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
     files.update(proc_stats(c, node))
     files["/proc/loadavg"] = loadavg(c, node, t)
     files["/etc/hostname"] = node + "\n"
+    files["/proc/sys/kernel/hostname"] = node + "\n"
+    # cgroup v2 is mounted (DGX OS 7 / Ubuntu 24.04); the controllers a real v2 host lists
+    # (tests/fixtures/real/cgroup-v2: the device capture)
+    files["/sys/fs/cgroup/cgroup.controllers"] = "cpuset cpu io memory hugetlb pids\n"
     files["/proc/sys/vm/drop_caches"] = "0\n"
     files["/etc/os-release"] = (
         'PRETTY_NAME="Ubuntu 24.04.3 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\n'
@@ -313,6 +333,7 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
         ct = c.container(node, holder.container.split("#")[0]) if holder.container else None  # exec: its container
         scope = f"system.slice/docker-{ct.id}.scope" if ct is not None else "user.slice/user-0.slice/session-3.scope"
         files[f"/proc/{holder.pid}/cgroup"] = f"0::/{scope}\n"
+    files.update(cgroup_files(c, node, t))
     files.update(n.files)
     return files
 
@@ -566,8 +587,8 @@ def docker_stats_json(c: SimCluster, node: str, t: float) -> str:
     for ct in _listed(c, node):
         if not ct.running(t):
             continue
-        mem = (ct.host_rss + _exec_rss(c, ct, t)) * (0.97 + 0.03 * (1 + _n(c, ct.name, t)) / 2)
-        cpu = 0.4 + 98.0 * c.engine_activity(ct, node, t) + 0.3 * (1 + _n(c, ct.name + "c", t))
+        mem = container_mem_used(c, ct, t)
+        cpu = container_cpu_percent(c, ct, node, t)
         net = (t - (ct.started or 0.0)) * 41_000
         d = {"BlockIO": f"{_hsize(2.1e9, False)} / {_hsize(3.4e6, False)}", "CPUPerc": f"{cpu:.2f}%",
              "Container": ct.id[:12], "ID": ct.id[:12], "MemPerc": f"{100 * mem / m.total:.2f}%",
@@ -578,9 +599,226 @@ def docker_stats_json(c: SimCluster, node: str, t: float) -> str:
 
 
 def _n(c: SimCluster, key: str, t: float) -> float:
-    from sparkconsole.sim.model import noise
-
     return noise(c.seed, key, t, 3.0)
+
+
+# ---- a running container's cgroup (v2, Docker's systemd driver) ----------------------------------
+#
+# Docker with the systemd cgroup driver on cgroup v2 (stock DGX OS: tests/fixtures/real/dgx-os/
+# stock-spark-docker-info.txt) puts each running container in /sys/fs/cgroup/system.slice/
+# docker-<full id>.scope; the scope goes when the container stops (and a restart makes a new one,
+# its counters from 0). Its memory.current counts the page cache the container read (docker stats
+# subtracts inactive_file), its cpu.stat the CPU time used since the scope began.
+
+
+def container_mem_used(c: SimCluster, ct: Container, t: float) -> int:
+    """Bytes ``docker stats`` reports as MemUsage's used part for ``ct`` at ``t`` (memory.current
+    less inactive_file); the one figure both renderers take."""
+    return int((ct.host_rss + _exec_rss(c, ct, t)) * (0.97 + 0.03 * (1 + _n(c, ct.name, t)) / 2))
+
+
+def _inactive_file(c: SimCluster, ct: Container, node: str, t: float, used: int) -> int:
+    """The container's inactive page cache: a vLLM engine read its checkpoint, so a share of the
+    weights (per rank: the checkpoint over its world size), no more than its share of the node's page
+    cache; any other container a small fixed fraction of what it uses."""
+    e = ct.engine
+    spec = MODELS.get(e.model) if e is not None else None
+    if spec is None:
+        return int(0.04 * used)
+    m = c.memory(node, t)
+    running = sum(1 for x in _listed(c, node) if x.running(t))
+    return max(0, min(int(0.35 * spec.disk_bytes / max(1, e.world)), m.cached // max(1, running)))
+
+
+# cpu.stat: a container's CPU time is the integral of its CPU percent (100 % = one core), docker's
+# CPUPerc that rate over its last second (:func:`container_cpu_percent`). The integrand:
+#     cpu(s) = 0.4 + 0.3 * (1 + w(s)) + 98 * a(s)
+# w a smooth wobble in [-1, 1] (two sines, phases from the container's name); a(s) the engine's
+# activity as :meth:`SimCluster.engine_activity` has it: 0.25 while loading / profiling / compiling;
+# once ready, 10 s traffic slots, each busy or idle by the engine's own draw (the GPU is busy exactly
+# then), a busy one 0.725 + 0.175 * w'(s) (engine_activity's 0.55..0.9, a wobble for its noise). Every
+# part has a closed form over an interval but the slots' draws: whole slots are summed in blocks of
+# _BLOCK, cached, so the integral since a start a day back costs a few additions.
+_BLOCK = 512
+_CPU_USER = 0.83  # share of usage_usec in user mode (a serving engine: Python, tokenizer, scheduler)
+_WOBBLE = ((0.6, 7.3), (0.4, 2.9))  # (amplitude, period s)
+
+
+@functools.lru_cache(maxsize=1024)
+def _phases(seed: int, key: str) -> tuple[float, ...]:
+    return tuple(2 * math.pi * _hash01(seed, key, "phase", i) for i in range(len(_WOBBLE)))
+
+
+def _wobble(seed: int, key: str, s: float) -> float:
+    """A smooth deterministic value in [-1, 1] at ``s``."""
+    return sum(amp * math.sin(2 * math.pi * s / per + ph) for (amp, per), ph in zip(_WOBBLE, _phases(seed, key), strict=True))
+
+
+def _wobble_int(seed: int, key: str, a: float, b: float) -> float:
+    """The integral of :func:`_wobble` over ``[a, b]`` (closed form)."""
+    total = 0.0
+    for (amp, per), ph in zip(_WOBBLE, _phases(seed, key), strict=True):
+        w = 2 * math.pi / per
+        total += amp / w * (math.cos(w * a + ph) - math.cos(w * b + ph))
+    return total
+
+
+def _busy(model: str, started: float, activity: float, k: int) -> bool:
+    """engine_activity's draw: traffic slot ``k`` after ready is busy."""
+    return _hash01("slot", model, started, k) < activity
+
+
+@functools.lru_cache(maxsize=8192)
+def _slot_block(params: tuple, j: int) -> tuple[float, ...]:
+    """Running sums of the activity over whole slots ``j*_BLOCK`` .. ``(j+1)*_BLOCK - 1`` (from 0)."""
+    seed, wkey, model, started, ready_at, activity = params
+    out, acc = [0.0], 0.0
+    for k in range(j * _BLOCK, (j + 1) * _BLOCK):
+        if _busy(model, started, activity, k):
+            lo = ready_at + 10.0 * k
+            acc += 10.0 * 0.725 + 0.175 * _wobble_int(seed, wkey, lo, lo + 10.0)
+        out.append(acc)
+    return tuple(out)
+
+
+def _sum_slots(params: tuple, k1: int, k2: int) -> float:
+    """The activity over whole slots ``k1 <= k < k2``."""
+    if k2 <= k1:
+        return 0.0
+    j1, r1 = divmod(k1, _BLOCK)
+    j2, r2 = divmod(k2, _BLOCK)
+    if j1 == j2:
+        blk = _slot_block(params, j1)
+        return blk[r2] - blk[r1]
+    first = _slot_block(params, j1)
+    total = first[_BLOCK] - first[r1]
+    for j in range(j1 + 1, j2):
+        total += _slot_block(params, j)[_BLOCK]
+    return total + _slot_block(params, j2)[r2]
+
+
+def _activity_int(c: SimCluster, ct: Container, node: str, lo: float, hi: float) -> float:
+    """The integral of ``ct``'s engine activity on ``node`` over ``[lo, hi]`` (``ct`` running throughout)."""
+    e = ct.engine
+    if e is None or hi <= lo or node not in (e.nodes or (ct.node,)):
+        return 0.0
+    inf = math.inf
+    ready = e.ready_at if e.ready_at is not None else inf
+    stop = e.stopped_at if e.stopped_at is not None else inf
+    fail = e.failed_at if e.failed_at is not None else inf
+    total = 0.25 * max(0.0, min(hi, ready, stop, fail) - lo)  # loading / profiling / compiling
+    a, b = max(lo, ready), min(hi, stop)
+    if e.activity <= 0 or b <= a:
+        return total
+    wkey = node + e.model
+
+    def part(k: int, x: float, y: float) -> float:  # slot k over [x, y], within the slot
+        if y <= x or not _busy(e.model, e.started, e.activity, k):
+            return 0.0
+        return 0.725 * (y - x) + 0.175 * _wobble_int(c.seed, wkey, x, y)
+
+    ka = math.floor((a - ready) / 10.0)
+    kb = math.floor((b - ready) / 10.0)
+    if ka == kb:
+        return total + part(ka, a, b)
+    total += part(ka, a, ready + 10.0 * (ka + 1))
+    total += _sum_slots((c.seed, wkey, e.model, e.started, ready, e.activity), ka + 1, kb)
+    return total + part(kb, ready + 10.0 * kb, b)
+
+
+def _cpu_percent_int(c: SimCluster, ct: Container, node: str, lo: float, hi: float) -> float:
+    """The integral of the container's CPU percent over ``[lo, hi]`` (percent-seconds)."""
+    if hi <= lo:
+        return 0.0
+    base = 0.7 * (hi - lo) + 0.3 * _wobble_int(c.seed, ct.name + "c", lo, hi)
+    return base + 98.0 * _activity_int(c, ct, node, lo, hi)
+
+
+def container_cpu_usec(c: SimCluster, ct: Container, node: str, t: float) -> int:
+    """cpu.stat's ``usage_usec`` of running ``ct`` at ``t``: CPU time since its scope began (its
+    last start), cumulative and non-decreasing in ``t`` (the integrand is at least 0.4 %)."""
+    start = ct.started or 0.0
+    return int(1e4 * _cpu_percent_int(c, ct, node, start, max(start, t)))
+
+
+def container_cpu_percent(c: SimCluster, ct: Container, node: str, t: float) -> float:
+    """docker stats' CPUPerc: as docker computes it, the CPU time used between its previous read and
+    this one (about 1 s apart) over that interval, in percent of one core: here the rate of
+    :func:`container_cpu_usec` over ``[t - 1, t]`` (from the start, in a container's first second)."""
+    start = ct.started or 0.0
+    lo = max(start, t - 1.0)
+    if t <= lo:  # the first instant: the integrand itself
+        return (0.7 + 0.3 * _wobble(c.seed, ct.name + "c", t)
+                + 98.0 * _activity_int(c, ct, node, t - 1e-3, t) / 1e-3)
+    return _cpu_percent_int(c, ct, node, lo, t) / (t - lo)
+
+
+# /sys/fs/cgroup/<scope>/memory.stat: the keys, in order, that a cgroup v2 kernel prints
+# (tests/fixtures/real/cgroup-v2/memory.stat.txt)
+MEMORY_STAT_KEYS = (
+    "anon", "file", "kernel", "kernel_stack", "pagetables", "sec_pagetables", "percpu", "sock", "vmalloc",
+    "shmem", "zswap", "zswapped", "file_mapped", "file_dirty", "file_writeback", "swapcached", "anon_thp",
+    "file_thp", "shmem_thp", "inactive_anon", "active_anon", "inactive_file", "active_file", "unevictable",
+    "slab_reclaimable", "slab_unreclaimable", "slab", "workingset_refault_anon", "workingset_refault_file",
+    "workingset_activate_anon", "workingset_activate_file", "workingset_restore_anon",
+    "workingset_restore_file", "workingset_nodereclaim", "pgdemote_kswapd", "pgdemote_direct",
+    "pgdemote_khugepaged", "pgdemote_proactive", "pgpromote_success", "pgscan", "pgsteal", "pswpin", "pswpout",
+    "pgscan_kswapd", "pgscan_direct", "pgscan_khugepaged", "pgscan_proactive", "pgsteal_kswapd",
+    "pgsteal_direct", "pgsteal_khugepaged", "pgsteal_proactive", "pgfault", "pgmajfault", "pgrefill",
+    "pgactivate", "pgdeactivate", "pglazyfree", "pglazyfreed", "swpin_zero", "swpout_zero", "zswpin", "zswpout",
+    "zswpwb", "thp_fault_alloc", "thp_collapse_alloc", "thp_swpout", "thp_swpout_fallback",
+    "numa_pages_migrated", "numa_pte_updates", "numa_hint_faults",
+)
+PAGE = 4096
+
+
+def _memory_stat(used: int, inactive: int, up_s: float) -> tuple[int, str]:
+    """(memory.current, memory.stat) of a container using ``used`` bytes besides ``inactive`` bytes
+    of inactive page cache: anon + file + kernel + percpu == memory.current, memory.current -
+    inactive_file == ``used``."""
+    percpu = 609_264
+    kernel = int(0.006 * used) // PAGE * PAGE
+    shmem = min(64 * 1024 * 1024, used // 50) // PAGE * PAGE
+    active_file = min(256 * 1024 * 1024, used // 40) // PAGE * PAGE
+    file = inactive + active_file + shmem
+    current = used + inactive
+    anon = max(0, current - file - kernel - percpu)
+    kernel_stack = min(kernel, 442_368)
+    pagetables = min(kernel - kernel_stack, used // 1000 // PAGE * PAGE)
+    slab = kernel - kernel_stack - pagetables
+    slab_reclaimable = slab * 9 // 10
+    v = dict.fromkeys(MEMORY_STAT_KEYS, 0)
+    faults = int(up_s * 40) + used // PAGE
+    v.update(
+        anon=anon, file=file, kernel=kernel, kernel_stack=kernel_stack, pagetables=pagetables, percpu=percpu,
+        shmem=shmem, file_mapped=active_file + shmem, file_dirty=0, inactive_anon=anon // 10 + shmem,
+        active_anon=anon - anon // 10, inactive_file=inactive, active_file=active_file,
+        slab_reclaimable=slab_reclaimable, slab_unreclaimable=slab - slab_reclaimable, slab=slab,
+        pgfault=faults, pgmajfault=(inactive + active_file) // PAGE // 64, pgactivate=active_file // PAGE,
+    )
+    return current, "".join(f"{k} {v[k]}\n" for k in MEMORY_STAT_KEYS)
+
+
+def cgroup_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
+    """Each running container's scope under /sys/fs/cgroup: ``memory.current``, ``memory.max``,
+    ``memory.stat``, ``cpu.stat`` (cgroup v2's formats: tests/fixtures/real/cgroup-v2)."""
+    files: dict[str, str] = {}
+    for ct in _listed(c, node):
+        if not ct.running(t):
+            continue
+        d = f"/sys/fs/cgroup/system.slice/docker-{ct.id}.scope"
+        used = container_mem_used(c, ct, t)
+        inactive = _inactive_file(c, ct, node, t, used)
+        current, stat = _memory_stat(used, inactive, t - (ct.started or 0.0))
+        files[f"{d}/memory.current"] = f"{current}\n"
+        files[f"{d}/memory.max"] = "max\n"
+        files[f"{d}/memory.stat"] = stat
+        usage = container_cpu_usec(c, ct, node, t)
+        user = int(usage * _CPU_USER)
+        files[f"{d}/cpu.stat"] = (
+            f"usage_usec {usage}\nuser_usec {user}\nsystem_usec {usage - user}\nnice_usec 0\n"
+            "nr_periods 0\nnr_throttled 0\nthrottled_usec 0\nnr_bursts 0\nburst_usec 0\n")
+    return files
 
 
 def docker_images(c: SimCluster, node: str, t: float, fmt_json: bool = False, digests: bool = False) -> str:
