@@ -850,24 +850,40 @@ def engine_cmdlines() -> RemoteScript:
                      summary="list the node's vLLM and SGLang engines")
 
 
-# The serving poll's page read, as the probe runs it: ``$1`` the port, ``$2`` the pattern of the lines
-# the console reads. The page is filtered on the node (``grep -E``) so only those lines cross the
-# connection; curl's own error line (``-S``: ``curl: (7) Failed to connect …``) passes the filter so
-# the console can say why an engine did not answer. Without ``pipefail`` (POSIX sh) the exit code is
-# grep's: 0 when a line came back, 1 for a page with none of the engines' metrics.
-METRICS_PAGE_SCRIPT = 'curl -sS -m 2 "http://127.0.0.1:$1/metrics" 2>&1 | grep -E "$2"'
+# The serving poll's page reads, as the probe runs them: ``$1`` the ports (``8000,8001``), ``$2`` the
+# pattern of the lines the console reads. ONE curl reads every engine's page (two processes a read
+# for the node, however many engines: issue 25), each page followed by a :data:`PAGE_MARK` line naming
+# its URL and status (``-w``), curl's own error line in the same stream before it (``--stderr -``:
+# ``curl: (7) Failed to connect …``, so the console can say why an engine did not answer). The pages
+# are filtered on the node (``grep -E``) so only those lines cross the connection. Without
+# ``pipefail`` (POSIX sh) the exit code is grep's.
+PAGE_MARK = "::sparkpage::"
+METRICS_PAGE_SCRIPT = (
+    "u=''; q=$1; while [ -n \"$q\" ]; do u=\"$u http://127.0.0.1:${q%%,*}/metrics\"; "
+    "case $q in *,*) q=${q#*,} ;; *) q='' ;; esac; done; "
+    "curl -sS -m 2 --stderr - -w '\\n" + PAGE_MARK + " %{url_effective} %{http_code}\\n' $u | grep -E \"$2\""
+)
 
 
-def metrics_probe(port: int) -> RemoteCommand:
-    """One engine's ``/metrics`` read on the node's loopback and filtered there to the lines
-    :func:`sparkconsole.serving.metrics.parse_metrics` reads (plus curl's error line). The probe's
-    ``metrics-PORT`` section runs the same script with the port from its request line
-    (:func:`sparkconsole.probe.script.probe_script`); the pattern is a constant of the parser."""
+def metrics_pattern() -> str:
+    """What the page read keeps: the lines :func:`sparkconsole.serving.metrics.parse_metrics` reads,
+    curl's error line and the page marks."""
     from sparkconsole.serving.metrics import sample_pattern
 
-    p = validate_port(port)
-    return command("sh", "-c", METRICS_PAGE_SCRIPT, "sh", str(p), sample_pattern() + "|^curl: ",
-                   summary=f"read the engine metrics on port {p}")
+    return sample_pattern() + "|^curl: |^" + PAGE_MARK + " "
+
+
+def metrics_probe(*ports: int) -> RemoteCommand:
+    """The engines' ``/metrics`` on ``ports`` of the node's loopback, read by one curl and filtered
+    there (:data:`METRICS_PAGE_SCRIPT`); the probe's ``metrics-P1,P2`` section runs the same script
+    with the ports from its request line (:func:`sparkconsole.probe.script.probe_script`). Split the
+    answer with :func:`sparkconsole.probe.script.split_pages`."""
+    if not ports:
+        raise ValidationError("port: at least one engine port")
+    checked = [validate_port(p) for p in ports]
+    return command("sh", "-c", METRICS_PAGE_SCRIPT, "sh", ",".join(str(p) for p in checked), metrics_pattern(),
+                   summary="read the engine metrics on port" + ("s " if len(checked) > 1 else " ")
+                   + ", ".join(str(p) for p in checked))
 
 
 # ---- benchmark (issue 24, item 4) ---------------------------------------------------------------------

@@ -154,8 +154,8 @@ def test_builders_are_read_only_and_constant():
     assert not cmd.mutating
     assert "docker inspect -f '{{.Name}} {{.Config.Image}} {{json .Path}} {{json .Args}}' $n" in cmd.shell()
     scrape = R.metrics_probe(8001)
-    assert not scrape.mutating and scrape.shell().startswith(
-        "sh -c 'curl -sS -m 2 \"http://127.0.0.1:$1/metrics\" 2>&1 | grep -E \"$2\"' sh 8001 ")
+    assert not scrape.mutating and scrape.argv[:3] == ("sh", "-c", R.METRICS_PAGE_SCRIPT)
+    assert "curl -sS -m 2 --stderr - -w" in R.METRICS_PAGE_SCRIPT and R.metrics_probe(8001, 8002).argv[4] == "8001,8002"
     for bad in (0, 65536, "8000; touch x", True, None):
         try:
             R.metrics_probe(bad)  # type: ignore[arg-type]
@@ -164,7 +164,7 @@ def test_builders_are_read_only_and_constant():
         else:
             raise AssertionError(bad)
     argv = shlex.split(scrape.shell())
-    assert argv[4] == "8001" and argv[5] == sample_pattern() + "|^curl: "  # the port and the pattern: arguments
+    assert argv[4] == "8001" and argv[5] == sample_pattern() + "|^curl: |^::sparkpage:: "  # arguments, not text
 
 
 # ---- on the simulated cluster --------------------------------------------------------------------

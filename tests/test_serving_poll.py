@@ -23,8 +23,9 @@ import pytest
 from sparkconsole.probe.alerts import node_alerts
 from sparkconsole.probe.poller import SERVING_EVERY, ClusterPoller, engines_to_json
 from sparkconsole.probe.samples import Container, NodeSample
-from sparkconsole.probe.script import MARK, metrics_section, probe_script, split_tick
+from sparkconsole.probe.script import MARK, metrics_section, probe_script, split_pages, split_tick
 from sparkconsole.probe.state import NodeState, NodeStatus
+from sparkconsole.remote import PAGE_MARK
 from sparkconsole.serving.discover import Engine
 from sparkconsole.serving.metrics import parse_metrics
 from sparkconsole.serving.watch import EngineWatch, merge, version_from_image
@@ -213,7 +214,7 @@ def test_alerts_kv_full_preemptions_a_growing_queue_and_an_engine_gone_quiet():
 
 # ---- the poller on the twin: discovery, cadence, one request per engine --------------------------
 
-async def test_the_poller_finds_the_engines_and_asks_one_page_per_engine_every_few_ticks():
+async def test_the_poller_finds_the_engines_and_reads_their_pages_together_every_few_ticks():
     async with start_demo_cluster(clock=SimClock.frozen()) as demo:
         poller = ClusterPoller(demo.config, clock=demo.sim.now)
         asked: list[str] = []
@@ -234,12 +235,12 @@ async def test_the_poller_finds_the_engines_and_asks_one_page_per_engine_every_f
                 demo.sim.clock.advance(2.0)
                 await p.poll_once()
             pages = [[w for w in line.split() if w.startswith("metrics-")] for line in asked]
-            # the first tick after discovery reads every page; then every SERVING_EVERY ticks
-            assert pages[0] == [f"metrics-{q}" for q in ports]
-            assert all(len(set(x)) == len(x) for x in pages)  # never twice in one request
+            # the first tick after discovery reads every page, with one curl; then every SERVING_EVERY ticks
+            every = "metrics-" + ",".join(str(q) for q in ports)
+            assert pages[0] == [every]
             due = [t - 1 for t in range(1, 2 * SERVING_EVERY + 1) if t % SERVING_EVERY == 0]
             assert [i for i, x in enumerate(pages) if x] == [0, *due]  # then on the cadence only
-            assert all(x in ([], [f"metrics-{q}" for q in ports]) for x in pages)
+            assert all(x in ([], [every]) for x in pages)
             glm = p.state.engines[8000].figures()
             assert glm.answering and glm.model == "glm-4.7-flash" and glm.version == "0.14.1"
             assert glm.generation_tokens_per_s is not None  # two pages read: a rate
@@ -307,3 +308,20 @@ def test_a_percentile_in_the_first_bucket_is_said_as_below_its_bound():
     w.record(0.0, text, 0)
     f = w.figures()
     assert math.isclose(f.queue_p50_s, 0.15) and f.below["queue_p50_s"] == 0.3
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="needs curl (scripts/test installs it)")
+def test_one_curl_reads_every_engine_and_each_page_comes_back_to_its_port():
+    """Two real pages and a closed port in one ``metrics-P1,P2,P3`` section: one curl on the node
+    (issue 25), split back by port, each as a page read alone would be."""
+    with serving(IDLE.read_bytes()) as a, serving(SGLANG.read_bytes()) as b:
+        with serving(b"") as closed:
+            pass
+        name = metrics_section(a, closed, b)
+        secs = probe_tick(f"{name} uptime")
+    pages = split_pages(secs[name])
+    assert sorted(pages) == sorted([a, b, closed])
+    assert parse_metrics(pages[a].text) == parse_metrics(IDLE.read_text()) and pages[a].rc == 0
+    assert parse_metrics(pages[b].text) == parse_metrics(SGLANG.read_text()) and pages[b].rc == 0
+    assert pages[closed].text.startswith("curl: (7)")
+    assert not any(PAGE_MARK in p.text for p in pages.values())

@@ -13,7 +13,7 @@ import pytest
 
 from sparkconsole.logs.vllm import parse_vllm_log
 from sparkconsole.probe import parsers as P
-from sparkconsole.probe.script import SECTIONS
+from sparkconsole.probe.script import SECTION_BY_NAME, SECTIONS, section_shell
 from sparkconsole.sim import SCENARIOS, Shell, SimClock, build
 from sparkconsole.sim.model import GIB, MEM_TOTAL, MODELS, Curve, Holder, make_node
 
@@ -80,7 +80,7 @@ async def test_every_probe_section_answers_and_parses(scenario):
     c = cluster(scenario)
     for node in c.nodes:
         for sec in SECTIONS:
-            _out, err, rc = await Shell(c, node).capture(sec.shell())
+            _out, err, rc = await Shell(c, node).capture(section_shell(sec.name))  # the arm the probe runs
             assert rc == 0 or (sec.name == "ray-status" and rc == 1), (node, sec.name, rc, err)
         shell = Shell(c, node)
         mem = P.parse_meminfo((await shell.capture("cat /proc/meminfo"))[0])
@@ -90,7 +90,7 @@ async def test_every_probe_section_answers_and_parses(scenario):
         assert table.driver_version == "580.126.09" and table.cuda_version == "13.0"
         assert table.gpus[0].name == "NVIDIA GB10"
         assert table.gpus[0].memory_used_mib is None and table.gpus[0].power_limit_w is None
-        csv = P.parse_nvidia_smi_csv((await shell.capture(SECTIONS[5].shell()))[0])
+        csv = P.parse_nvidia_smi_csv((await shell.capture(SECTION_BY_NAME["gpu"].shell()))[0])
         gpus = P.gpus_from_query(csv)
         assert gpus[0].memory_total_mib is None and gpus[0].temperature_c is not None
         df = P.parse_df((await shell.capture("df -B1 -P /"))[0])
@@ -134,7 +134,7 @@ async def test_links_ports_and_addresses():
     links = P.parse_ibdev2netdev((await shell.capture("ibdev2netdev"))[0])
     up = {link.rdma_device: link.state for link in links}
     assert up == {"rocep1s0f0": "down", "rocep1s0f1": "up", "roceP2p1s0f0": "down", "roceP2p1s0f1": "up"}
-    ports = P.parse_ib_ports((await shell.capture(SECTIONS[9].shell()))[0])
+    ports = P.parse_ib_ports((await shell.capture(SECTION_BY_NAME["ib-ports"].shell()))[0])
     by = {p.rdma_device: p for p in ports}
     assert by["rocep1s0f1"].state == "ACTIVE" and by["rocep1s0f1"].rate_gbps == 200
     assert by["rocep1s0f0"].state == "DOWN"

@@ -55,6 +55,7 @@ REASON_OWNER: dict[str, str] = {
     "interfaces": "ip-addr",
     "containers": "docker-ps",
     "containers.stats": "docker-stats",
+    "cgroups": "cgroups",
     "ray": "ray-status",
     "disk": "df",
 }
@@ -185,9 +186,46 @@ def join_containers(
     return tuple(out)
 
 
+def _cgroup_stats(containers: tuple[Container, ...], read: Mapping[str, tuple[float | None, int | None, int | None]],
+                  before: Mapping[str, tuple[float | None, int | None, int | None]], host_total: int | None
+                  ) -> dict[str, tuple[float | None, int | None, int | None]]:
+    """``docker stats``' figures from the ``cgroups`` section, keyed by name like docker stats': only
+    the containers with a cgroup (the running ones); a first reading (no CPU rate yet) keeps the
+    container's last CPU figure; a ``max`` limit is the host's memory, as docker stats shows it."""
+    out: dict[str, tuple[float | None, int | None, int | None]] = {}
+    for c in containers:
+        if c.id is None or c.id[:12] not in read:
+            continue
+        cpu, used, limit = read[c.id[:12]]
+        key = c.name or c.id
+        if cpu is None:
+            cpu = before.get(key, (None, None, None))[0]
+        out[key] = (cpu, used, host_total if limit is None else limit)
+    return out
+
+
 def _prefixed(prefix: str, reasons: Mapping[str, str]) -> dict[str, str]:
     return {(k if k == prefix or k.startswith(prefix + ".") else f"{prefix}.{k}"): v
             for k, v in reasons.items()}
+
+
+# What the GPU reader reads every tick (probe.script.GPU_MOVING_FIELDS); the rest of a GpuSample comes
+# from ``gpu-static`` or the last sample
+_MOVING = ("utilization_pct", "memory_used_mib", "temperature_c", "power_w", "clock_sm_mhz", "pstate")
+
+
+def _with_static(moving: tuple[GpuSample, ...], sections: dict[str, SectionOutput],
+                 before: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
+    """The reader's rows (moving fields only) on the static fields of the same GPU (by index): this
+    tick's ``gpu-static`` when asked, else the previous sample's."""
+    static = {g.index: g for g in before}
+    if "gpu-static" in sections and sections["gpu-static"].rc == 0:
+        static.update({g.index: g for g in p.gpus_from_query(p.parse_nvidia_smi_csv(sections["gpu-static"].text))})
+    out = []
+    for g in moving:
+        base = static.get(g.index)
+        out.append(g if base is None else replace(base, **{f: getattr(g, f) for f in _MOVING}))
+    return tuple(out)
 
 
 def assemble_sample(
@@ -256,6 +294,8 @@ def assemble_sample(
         r: dict[str, str] = {}
         csv = p.parse_nvidia_smi_csv(text("gpu"), reasons=r)
         gpus = p.gpus_from_query(csv, reasons=r)
+        if csv.rows and "name" not in csv.rows[0]:
+            gpus = _with_static(gpus, sections, prev.gpus)
         gpu_failed = fail("gpu")
         if not gpu_failed:
             fresh.update(_prefixed("gpu", {k: v for k, v in r.items() if not k.endswith(".memory")}))
@@ -315,9 +355,12 @@ def assemble_sample(
     if "docker-ps" in sections:
         containers, _ = parse_into("docker-ps", "containers", p.parse_docker_ps)
     stats = {c.name: (c.cpu_pct, c.mem_used_bytes, c.mem_limit_bytes) for c in prev.containers if c.name}
-    if "docker-stats" in sections:
+    if "cgroups" in sections and sections["cgroups"].rc == 0:
+        stats = _cgroup_stats(containers, p.parse_cgroups(text("cgroups")), stats,
+                              meminfo.mem_total_bytes if meminfo is not None else None)
+    elif "docker-stats" in sections:
         stats, _ = parse_into("docker-stats", "containers.stats", p.parse_docker_stats)
-    if {"docker-ps", "docker-stats"} & set(sections):
+    if {"docker-ps", "docker-stats", "cgroups"} & set(sections):
         containers = join_containers(containers, stats)
 
     # --- ray, disk

@@ -887,6 +887,28 @@ def parse_docker_stats(
     return out
 
 
+_CGROUP_LINE = re.compile(r"^container ([0-9a-f]{12}) cpu_x100=(-|[0-9]+) used=(-?[0-9]+) max=(max|[0-9]+)$")
+
+
+def parse_cgroups(
+    text: str, reasons: Reasons = None
+) -> dict[str, tuple[float | None, int | None, int | None]]:
+    """The probe's ``cgroups`` section -> container id (12 characters): (cpu %, mem used, mem limit),
+    the figures ``docker stats`` gives, read from the cgroup files it reads. CPU is ``None`` on a
+    container's first reading (a rate needs two); a limit of ``max`` is ``None`` (the host's)."""
+    out: dict[str, tuple[float | None, int | None, int | None]] = {}
+    for line in str(text).splitlines():
+        m = _CGROUP_LINE.match(line.strip())
+        if not m:
+            continue
+        cpu = None if m.group(2) == "-" else int(m.group(2)) / 100
+        used = max(0, int(m.group(3)))
+        out[m.group(1)] = (cpu, used, None if m.group(4) == "max" else int(m.group(4)))
+    if not out:
+        _note(reasons, "cgroups", tool_error(text) or str(text).strip()[:200] or "no container cgroups")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # ray status
 

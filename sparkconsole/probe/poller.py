@@ -22,16 +22,20 @@ from collections.abc import Callable, Sequence
 
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.errors import UserError
+from sparkconsole.probe.parsers import parse_cgroups
 from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.script import (
     ENGINES,
     MARK,
     METRICS_PREFIX,
+    READERS_SECTION,
     SERVING_SECTIONS,
     SectionOutput,
     metrics_section,
+    parse_readers,
     probe_command,
     sections_for_tick,
+    split_pages,
     split_tick,
 )
 from sparkconsole.probe.state import NodeState, NodeStatus
@@ -44,6 +48,8 @@ DOWN_AFTER_FAILURES = 3
 # The serving poll reads each engine's page every this many ticks (6 s at the default 2 s): slower
 # than the hardware, one request per engine then, inside the tick's one batched probe request
 SERVING_EVERY = 3
+# Where containers' cgroups are read, ``docker ps`` runs when they changed and at least this often
+DOCKER_PS_SLOW = 30
 SERVING_MIN_S = 5.0  # and never more often than this: a console polling every second reads pages every 5
 
 
@@ -89,6 +95,8 @@ class NodePoller:
         self.serving = serving  # the serving poll: find engines, read their /metrics
         self._engines_for: frozenset[str] | None = None  # the running containers at the last discovery
         self._pages_due = False
+        self._cgroups_ok = False  # the node answered ``cgroups``: containers' figures come from their files
+        self._ps_due = False  # the running containers changed since the last ``docker ps``
         self.transport = transport
         self.interval = interval
         self.tick_timeout = tick_timeout
@@ -143,7 +151,7 @@ class NodePoller:
                 self._process = None
                 if self._opening is None:
                     # through the transport's own backoff: never a connect() that skips it
-                    self._opening = asyncio.ensure_future(self.transport.open_process(probe_command()))
+                    self._opening = asyncio.ensure_future(self.transport.open_process(probe_command(self.interval)))
                 opening = self._opening
                 await asyncio.wait({opening}, timeout=max(0.0, deadline - time.monotonic()))
                 if not opening.done():
@@ -215,11 +223,15 @@ class NodePoller:
                 self._fail(_reason(exc))
                 return state
             sections = split_tick(lines)
+            readers = sections.pop(READERS_SECTION, None)
+            if readers is not None:
+                self._readers_read(readers)
             serving = {n: sections.pop(n) for n in list(sections)
                        if n in SERVING_SECTIONS or n.startswith(METRICS_PREFIX)}
             sample = assemble_sample(self.node.name, self.clock(), sections, previous=state.sample)
             sample = _with_probe_ms(sample, min(self._answer_s, time.monotonic() - started) * 1000.0)
             state.sample = sample
+            self._cgroups_read(sections.get("cgroups"))
             state.last_ok_at = sample.taken_at
             state.failures = 0
             state.status = NodeStatus.UP
@@ -246,7 +258,9 @@ class NodePoller:
         """The sections of this tick: the hardware's by their cadence; with the serving poll, the
         engines' discovery by its own (and again as soon as the running containers changed) and one
         page per known engine every :data:`SERVING_EVERY` ticks."""
-        wanted = sections_for_tick(tick)
+        wanted = self._containers_due(tick, sections_for_tick(tick))
+        if "gpu" in wanted or "gpu-apps" in wanted:
+            wanted += (READERS_SECTION,)
         if not self.serving:
             return wanted
         running = self._running()
@@ -255,8 +269,37 @@ class NodePoller:
             self._engines_for = running
         if tick % self.serving_every == 0 or self._pages_due:
             self._pages_due = False
-            wanted += tuple(metrics_section(port) for port in sorted(self.state.engines))
+            if self.state.engines:
+                wanted += (metrics_section(*sorted(self.state.engines)),)
         return wanted
+
+    def _containers_due(self, tick: int, wanted: tuple[str, ...]) -> tuple[str, ...]:
+        """Where the node's containers have cgroup files (``cgroups`` answered), ``docker stats`` is
+        not asked (the files are what it reads) and ``docker ps`` only when the running containers
+        the files list differ from the ones it last listed, and every :data:`DOCKER_PS_SLOW` ticks
+        (names, images and status words change without a start or a stop). Elsewhere, or until the
+        first answer, the cadence of :data:`SECTIONS` stands."""
+        if tick == 0 or not self._cgroups_ok:
+            return wanted
+        due = tick % DOCKER_PS_SLOW == 0 or self._ps_due
+        out = tuple(n for n in wanted if n != "docker-stats" and (n != "docker-ps" or due))
+        if due and "docker-ps" not in out:
+            out += ("docker-ps",)
+        self._ps_due = False
+        return out
+
+    def _cgroups_read(self, out: SectionOutput | None) -> None:
+        """Remember whether the node has container cgroups, and whether ``docker ps`` is due: the
+        running containers the files list are not the ones the last ``docker ps`` showed running."""
+        if out is None or out.rc is None:
+            return
+        self._cgroups_ok = out.rc == 0
+        sample = self.state.sample
+        if not self._cgroups_ok or sample is None:
+            return
+        listed = frozenset(c.id[:12] for c in sample.containers if c.id and c.state == "running")
+        if frozenset(parse_cgroups(out.text)) != listed:
+            self._ps_due = True
 
     async def read_pages(self) -> None:
         """Read every known engine's page now, and only that: the node's sample is left as it is
@@ -265,7 +308,7 @@ class NodePoller:
             return
         async with self._lock:
             try:
-                lines = await self._tick_lines(tuple(metrics_section(p) for p in sorted(self.state.engines)))
+                lines = await self._tick_lines((metrics_section(*sorted(self.state.engines)),))
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -287,9 +330,26 @@ class NodePoller:
                 self._pages_due = True  # read the new engines' pages on the next tick
         for name, out in sections.items():
             if name.startswith(METRICS_PREFIX):
-                watch = engines.get(int(name[len(METRICS_PREFIX):]))
-                if watch is not None:
-                    watch.record(t, out.text, out.rc)
+                for port, page in split_pages(out).items():
+                    watch = engines.get(port)
+                    if watch is not None:
+                        watch.record(t, page.text, page.rc)
+
+    def _readers_read(self, out: SectionOutput) -> None:
+        """The GPU readers' state (the ``readers`` section): kept on the node's state, and a restart
+        or a fall-back to one-shot reads said once, as a note the console shows in its events."""
+        state = self.state
+        now = parse_readers(out.text)
+        for name, r in now.items():
+            before = state.readers.get(name)
+            why = f": {r.why}" if r.why else ""
+            if r.state == "oneshot" and (before is None or before.state != "oneshot"):
+                state.notes.append(f"GPU reader {name} gave up after {r.restarts} restarts{why}; reading the "
+                                   "GPU with one nvidia-smi per tick" if r.restarts else
+                                   f"GPU reader {name} not available{why}; reading the GPU with one nvidia-smi per tick")
+            elif before is not None and r.restarts > before.restarts:
+                state.notes.append(f"GPU reader {name} died and was restarted{why}")
+        state.readers = now
 
     def _fail(self, reason: str) -> None:
         state = self.state

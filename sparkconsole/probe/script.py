@@ -2,9 +2,25 @@
 
 The console opens one exec channel per node running :func:`probe_script` and keeps it. Each tick
 it writes one line naming the sections it wants (``"meminfo gpu gpu-apps links ip"``) and reads
-until the ``end`` marker. The node never runs more than one process tree per tick, nothing is
-re-authenticated, and cheap sections can be asked for every tick while slow ones (``docker
-stats`` takes a second or two, ``df``, versions) are asked for less often.
+until the ``end`` marker. Nothing is re-authenticated, and sections are asked for at their own
+cadence (``docker stats``, ``df``, versions less often than memory and the GPU).
+
+Watching must cost the node almost nothing (issue 25; measured on a real H200: the old probe spent
+57 ms of CPU per tick, nearly all of it the two ``nvidia-smi`` processes it started every tick).
+So the probe starts as few processes as it can:
+
+* ``/proc`` and ``/sys`` files are read by the shell itself (``read``/``printf``: no ``cat``, no
+  ``grep``), so memory, uptime, load and the RDMA ports cost no process at all;
+* the GPU is read by **long-lived readers**: one ``nvidia-smi --query-gpu=… -lms N`` and one
+  ``--query-compute-apps`` in loop mode, started beside the shell on the first tick that asks for
+  them, each keeping its newest block (the rows printed within 100 ms of each other, stamped with
+  ``/proc/uptime``) in a private directory (``$XDG_RUNTIME_DIR`` or ``/dev/shm``, removed when the
+  probe ends). A tick prints the newest block when it is fresh and starts nothing. A reader that
+  dies is restarted (the ``readers`` section counts it, the console says it once); one that never
+  printed a line (no loop mode on this node, no directory to write) leaves that section to the
+  one-shot command of before, and so does a tick that finds no fresh block;
+* a tool the node does not have costs no process (``command -v`` is a builtin), and only a tool
+  that can hang (``nvidia-smi``, ``docker``, ``ray``, ``df``) is wrapped in ``timeout``.
 
 Framing, one marker per line, all starting with :data:`MARK`::
 
@@ -14,8 +30,10 @@ Framing, one marker per line, all starting with :data:`MARK`::
     ::sparkprobe:: rc <name> <exit code>
     ::sparkprobe:: end <seq>
 
-The simulated Spark (:mod:`sparkconsole.sim`) answers the same protocol by running each
-section's ``argv`` through its command emulator, so both are read by the same parsers.
+The simulated Spark (:mod:`sparkconsole.sim`) answers the same protocol: each section's shell text
+(:func:`section_shell`, the same arm the script runs) goes through its shell, and the readers are
+its own ``nvidia-smi`` in loop mode (:mod:`sparkconsole.sim.server`), so both are read by the same
+parsers and start the same processes.
 """
 
 from __future__ import annotations
@@ -27,17 +45,22 @@ from dataclasses import dataclass
 from sparkconsole import remote
 
 MARK = "::sparkprobe::"
-HEADER = "# sparkconsole probe v1"
+HEADER = "# sparkconsole probe v2"
 PER_SECTION_TIMEOUT_S = 8
+READERS_SECTION = "readers"  # the readers' state: one line each (:func:`parse_readers`)
 
 
 @dataclass(frozen=True)
 class ProbeSection:
     """One section of the probe: a constant command and how often it is worth asking for.
 
-    ``argv`` is quoted when the script is built; ``globs`` lists argument indexes that are shell
-    glob patterns (constants of this module) and are left unquoted so the node's shell expands
-    them. ``every`` is the cadence in ticks (1 = every tick).
+    ``argv`` is the command, quoted when the script is built; ``globs`` lists argument indexes that
+    are shell glob patterns (constants of this module) and are left unquoted so the node's shell
+    expands them. ``every`` is the cadence in ticks (1 = every tick). ``how`` says how the probe
+    runs it: ``func`` (a function of :data:`PRELUDE`, shell builtins only), ``read`` (``cat``/``grep -H .`` of ``/proc`` and ``/sys`` files, done by the shell's
+    own ``read``: no process), ``guard`` (a tool that can hang, under ``timeout``) or ``plain`` (a
+    tool that cannot: ``ip``, ``uname``); ``reader`` names the long-lived reader that answers it
+    when it has a fresh block.
     """
 
     name: str
@@ -45,70 +68,255 @@ class ProbeSection:
     every: int = 1
     globs: tuple[int, ...] = ()
     optional: bool = False  # a missing tool is normal here (no ray on a plain node)
+    how: str = "guard"
+    reader: str = ""
 
     def shell(self) -> str:
+        """The plain command (what the deployment's recon runs once, and what a reader-backed
+        section falls back to)."""
         parts = []
         for i, arg in enumerate(self.argv):
             parts.append(arg if i in self.globs else shlex.quote(arg))
         return " ".join(parts)
+
+    def arm(self) -> str:
+        """What the probe script runs for this section (helpers from :data:`PRELUDE`)."""
+        if self.how == "func":
+            return self.argv[0]
+        if self.how == "read":
+            files = self.shell().split(" ", 1)[1]
+            return ("hdot " if self.argv[:2] == ("grep", "-H") else "rd ") + files.removeprefix("-H . ")
+        run = "x " + ("$T " if self.how == "guard" else "") + self.shell()
+        if self.reader:
+            return f"show {self.reader} || {run}"
+        return run
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A long-lived reader on the node: ``argv`` (in loop mode, interval appended) prints a header
+    line once and then a block of rows per interval."""
+
+    name: str
+    argv: tuple[str, ...]
+    quiet_when_empty: bool = False  # prints nothing in an interval with no rows (compute-apps)
+
+    def shell(self, interval_ms: int) -> str:
+        return " ".join(shlex.quote(a) for a in (*self.argv, "-lms", str(interval_ms)))
 
 
 GPU_QUERY_FIELDS = (
     "index,name,uuid,pci.bus_id,driver_version,utilization.gpu,memory.total,memory.used,"
     "temperature.gpu,power.draw,power.limit,clocks.sm,clocks.max.sm,pstate"
 )
+GPU_APPS_QUERY = "--query-compute-apps=pid,process_name,used_gpu_memory"
+# The reader asks only what moves. Measured on a real H200 (driver 580.159.04), one sample a second:
+# all of GPU_QUERY_FIELDS cost 3.3 ms of CPU per sample, these seven 0.33 ms (name, uuid, bus id,
+# driver, memory.total, power.limit and clocks.max.sm are the dear ones); the rest comes from
+# ``gpu-static`` (and the first tick's one-shot ``gpu``), merged by index (probe.assemble)
+GPU_MOVING_FIELDS = "index,utilization.gpu,memory.used,temperature.gpu,power.draw,clocks.sm,pstate"
+GPU_STATIC_FIELDS = "index,name,uuid,pci.bus_id,driver_version,memory.total,power.limit,clocks.max.sm"
+
+READERS: tuple[Reader, ...] = (
+    Reader("gpu", ("nvidia-smi", f"--query-gpu={GPU_MOVING_FIELDS}", "--format=csv")),
+    # rows of one interval come together; an interval with no GPU process prints nothing (seen on a
+    # real H200, driver 580.159.04), so an old block of an alive reader means "no process now"
+    Reader("apps", ("nvidia-smi", GPU_APPS_QUERY, "--format=csv"), quiet_when_empty=True),
+)
+READER_BY_NAME = {r.name: r for r in READERS}
 
 SECTIONS: tuple[ProbeSection, ...] = (
-    ProbeSection("hostname", ("hostname",), every=30),
-    ProbeSection("uname", ("uname", "-srm"), every=30),
-    ProbeSection("nproc", ("nproc",), every=30),
-    ProbeSection("uptime", ("cat", "/proc/uptime", "/proc/loadavg")),
-    ProbeSection("meminfo", ("cat", "/proc/meminfo")),
-    ProbeSection("gpu", ("nvidia-smi", f"--query-gpu={GPU_QUERY_FIELDS}", "--format=csv")),
-    ProbeSection(
-        "gpu-apps",
-        ("nvidia-smi", "--query-compute-apps=pid,process_name,used_gpu_memory", "--format=csv"),
-    ),
-    ProbeSection("nvidia-smi", ("nvidia-smi",), every=30),
-    ProbeSection("ibdev2netdev", ("ibdev2netdev",), every=5, optional=True),
+    ProbeSection("hostname", ("cat", "/proc/sys/kernel/hostname"), every=30, how="read"),
+    ProbeSection("uname", ("uname", "-srm"), every=30, how="plain"),
+    ProbeSection("nproc", ("nproc",), every=30, how="plain"),
+    ProbeSection("uptime", ("cat", "/proc/uptime", "/proc/loadavg"), how="read"),
+    ProbeSection("meminfo", ("cat", "/proc/meminfo"), how="read"),
+    ProbeSection("gpu", ("nvidia-smi", f"--query-gpu={GPU_QUERY_FIELDS}", "--format=csv"), reader="gpu"),
+    ProbeSection("gpu-apps", ("nvidia-smi", GPU_APPS_QUERY, "--format=csv"), reader="apps"),
+    ProbeSection("gpu-static", ("nvidia-smi", f"--query-gpu={GPU_STATIC_FIELDS}", "--format=csv"), every=300),
+    # the table: CUDA version, the GB10 "Not Supported" lines; 100 ms of CPU each on an H200, so rarely
+    ProbeSection("nvidia-smi", ("nvidia-smi",), every=300),
+    # ibdev2netdev is a script that starts a dozen processes; the port state and rate come from
+    # ib-ports (files) every 5 ticks, the device-to-interface map it prints does not change
+    ProbeSection("ibdev2netdev", ("ibdev2netdev",), every=60, optional=True, how="plain"),
     ProbeSection(
         "ib-ports",
         ("grep", "-H", ".", "/sys/class/infiniband/*/ports/*/state", "/sys/class/infiniband/*/ports/*/rate"),
         every=5,
         globs=(3, 4),
         optional=True,
+        how="read",
     ),
-    ProbeSection("ip-addr", ("ip", "-j", "addr"), every=5),
+    ProbeSection("ip-addr", ("ip", "-j", "addr"), every=10, how="plain"),
     ProbeSection("docker-ps", ("docker", "ps", "-a", "--format", "{{json .}}"), every=2),
     ProbeSection("docker-stats", ("docker", "stats", "--no-stream", "--format", "{{json .}}"), every=5),
+    # what docker stats reads, read by the shell: each running container's cgroup (v2) files; the
+    # poller asks docker-stats only where this finds none, and docker-ps when the set of running
+    # containers it lists changed (and every DOCKER_PS_SLOW ticks), not every other tick
+    ProbeSection("cgroups", ("cg",), every=2, how="func"),
     ProbeSection("docker-version", ("docker", "version", "--format", "{{.Server.Version}}"), every=30),
-    ProbeSection("ray-status", ("ray", "status"), every=5, optional=True),
+    ProbeSection("ray-status", ("ray", "status"), every=10, optional=True),
     ProbeSection("df", ("df", "-B1", "-P", "/"), every=30),
 )
 # The serving poll's (issue 24), asked by the poller on its own cadence, not part of the node's
-# sample: which vLLM/SGLang servers run here (every ``every`` ticks and whenever the running
-# containers change); each one's page is its own ``metrics-PORT`` section (:data:`METRICS_PREFIX`)
-ENGINES = ProbeSection("engines", ("sh", "-c", remote.engine_cmdlines().text), every=30, optional=True)
+# sample: which vLLM/SGLang servers run here (whenever the running containers change, and every
+# ``every`` ticks for an engine started on the host: the listing starts a docker process per
+# container, so not every 30 ticks as it was); their pages are read together by one ``metrics-P1,P2`` section (:data:`METRICS_PREFIX`)
+ENGINES = ProbeSection("engines", ("sh", "-c", remote.engine_cmdlines().text), every=120, optional=True)
 SERVING_SECTIONS = frozenset({ENGINES.name})
 METRICS_PREFIX = "metrics-"
 
 SECTION_BY_NAME: dict[str, ProbeSection] = {s.name: s for s in (*SECTIONS, ENGINES)}
 
+DEFAULT_INTERVAL_MS = 2000
+READER_MIN_MS, READER_MAX_MS = 200, 60_000
+STRAY_CS = 10  # rows printed within 100 ms of each other are one block
+MAX_RESTARTS = 5  # a reader that died this often is given up for the session (one-shot from then on)
 
-def metrics_section(port: int) -> str:
-    """The section name that reads the engine page on ``port`` (``metrics-8000``)."""
-    return METRICS_PREFIX + str(remote.validate_port(port))
+# Shell helpers the sections' arms use (POSIX sh; dash reads files one byte per read(2), which for
+# /proc/meminfo is still cheaper than starting cat). ``x``: a missing tool is "not found" without a
+# process. ``rd``: cat. ``hdot``: grep -H . (GNU grep's words and exit codes). ``now``: /proc/uptime
+# in centiseconds into $up. ``cg``: per running container (the first 12 characters of its id, as
+# ``docker ps`` shows them), CPU since the last call in hundredths of a percent of one core (docker
+# stats' CPUPerc), memory.current less inactive_file (docker stats' used figure on cgroup v2),
+# memory.max. The main loop's own names (``s``, ``want``, ``seq``) are used by no helper.
+PRELUDE = r"""T=''
+command -v timeout >/dev/null 2>&1 && T='timeout -k 1 {timeout}'
+x() { if [ "$1" = timeout ]; then w=$5; else w=$1; fi
+  command -v "$w" >/dev/null 2>&1 || { echo "sh: 1: $w: not found"; return 127; }; "$@"; }
+rd() { for f; do while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done <"$f"; done; }
+hdot() { r=1; for f; do if [ -r "$f" ]; then
+  while IFS= read -r l || [ -n "$l" ]; do [ -n "$l" ] && { printf '%s:%s\n' "$f" "$l"; [ $r = 2 ] || r=0; }; done <"$f"
+  else echo "grep: $f: No such file or directory"; r=2; fi; done; return $r; }
+now() { read -r up _ </proc/uptime; up=${up%.*}${up#*.}; up=${up#"${up%%[!0]*}"}; up=${up:-0}; }
+show() { return 1; }
+cg() { r=1; now
+  for d in /sys/fs/cgroup/system.slice/docker-*.scope /sys/fs/cgroup/docker/*; do
+    [ -r "$d/memory.current" ] || continue; r=0
+    id=${d##*/}; id=${id#docker-}; id=${id%.scope}; c=${id%"${id#????????????}"}
+    read -r mc <"$d/memory.current"; mx=max; [ -r "$d/memory.max" ] && read -r mx <"$d/memory.max"
+    ia=0; while read -r k v; do [ "$k" = inactive_file ] && { ia=$v; break; }; done <"$d/memory.stat"
+    us=0; while read -r k v; do [ "$k" = usage_usec ] && { us=$v; break; }; done <"$d/cpu.stat"
+    eval "pu=\${cu_$c:-} pt=\${ct_$c:-}"; cpu=-
+    [ -n "$pu" ] && [ $((up - pt)) -gt 0 ] && cpu=$(( (us - pu) / (up - pt) ))
+    eval "cu_$c=\$us ct_$c=\$up"
+    printf 'container %s cpu_x100=%s used=%s max=%s\n' "$c" "$cpu" "$((mc - ia))" "$mx"
+  done
+  [ $r = 0 ] || [ -r /sys/fs/cgroup/cgroup.controllers ] && return 0
+  echo "no container cgroups here (cgroup v2, Docker's systemd or cgroupfs driver)"; return 1; }
+""".replace("{timeout}", str(PER_SECTION_TIMEOUT_S))
+
+# The readers (only in the probe script: a twin answers ``show`` itself). ``start``: the reader's
+# command, started by this shell itself so its pid is known at once (``stop`` ends it even while it
+# prints nothing, even right after a restart, and the probe's exit waits for it: its CPU is the
+# probe's), writing into a fifo (one ``mkfifo`` per start) read by a loop that stamps each line and
+# rewrites the block file whole (``@ STAMP``, rows, ``.``: a torn read has no ``.`` and is not used).
+# Their stdin is /dev/null (async lists in a non-interactive shell) and neither writes to the
+# probe's stdout, so the connection never waits on them.
+# ``alive``: not gone and not a zombie. ``keep``: start, restart (counted), or give up. ``show``:
+# the header and the newest block when it is younger than two intervals (a read that met the reader
+# mid-write has no ``.``: the last whole block read stands in); for a reader quiet when empty, the
+# header alone once it has been running that long with nothing newer.
+READER_FUNCS = r"""D=''
+for b in "${XDG_RUNTIME_DIR:-}" /dev/shm /tmp; do
+  [ -n "$b" ] && [ -d "$b" ] && [ -w "$b" ] && D=$(mktemp -d "$b/sparkprobe.XXXXXX" 2>/dev/null) && break
+done
+trap 'stop; wait; [ -n "$D" ] && rm -rf "$D"' EXIT
+trap 'exit 129' HUP
+trap 'exit 143' TERM
+stop() { for n in {names}; do eval "k=\${k_$n:-} p=\${p_$n:-}"; [ -n "$k" ] && kill "$k" 2>/dev/null
+  [ -n "$p" ] && kill "$p" 2>/dev/null; done; }
+start() { n=$1; eval "r=\${r_$n:-0}"; q="$D/$n.$r"
+  now; eval "t0_$n=\$up"
+  mkfifo -m 600 "$q" || return 1
+  "run_$n" >"$q" 2>"$D/$n.err" &
+  eval "k_$n=\$!"
+  { h=''; b=''; t=0
+      while IFS= read -r l; do [ -d "$D" ] || exit 0; now
+        if [ -z "$h" ]; then h=1; printf '%s\n' "$l" >"$D/$n.h"; continue; fi
+        if [ $((up - t)) -gt {stray} ] || [ -z "$b" ]; then b=$l; t=$up; else b="$b
+$l"; fi
+        printf '@ %s\n%s\n.\n' "$t" "$b" >"$D/$n"
+      done; } <"$q" >/dev/null 2>&1 &
+  eval "p_$n=\$!"; }
+alive() { [ -r "/proc/$1/stat" ] && read -r _ _ z _ <"/proc/$1/stat" && [ "$z" != Z ]; }
+keep() { n=$1; eval "p=\${p_$n:-} m=\${m_$n:-} r=\${r_$n:-0}"
+  [ -n "$D" ] && [ "$m" != oneshot ] || return 1
+  if [ -z "$p" ]; then command -v nvidia-smi >/dev/null 2>&1 || { eval "m_$n=oneshot"; return 1; }
+  else eval "k=\${k_$n:-}"; alive "$p" && alive "$k" && return 0
+    kill "$k" "$p" 2>/dev/null
+    if [ ! -s "$D/$n.h" ] || [ $r -ge {max_restarts} ]; then eval "m_$n=oneshot"; return 1; fi
+    eval "r_$n=$((r + 1))"; fi
+  start "$n"; }
+show() { n=$1; keep "$n" || return 1
+  f="$D/$n"; h=''; [ -s "$f.h" ] && IFS= read -r h <"$f.h"; [ -n "$h" ] || return 1
+  t=''; ok=''; b=''; now
+  if [ -r "$f" ]; then while IFS= read -r l; do case $l in
+    '@ '*) t=${l#@ } ;; .) ok=1 ;; *) b="$b$l
+" ;; esac; done <"$f"; fi
+  if [ -n "$ok" ]; then eval "g_$n=\$b gt_$n=\$t"; else eval "b=\${g_$n:-} t=\${gt_$n:-}"; fi
+  if [ -n "$t" ] && [ $((up - t)) -le $((2 * {iv})) ]; then printf '%s\n%s' "$h" "$b"; return 0; fi
+  eval "q=\${q_$n:-} t0=\${t0_$n:-0}"
+  [ -n "$q" ] && [ $((up - t0)) -gt $((2 * {iv})) ] && { printf '%s\n' "$h"; return 0; }
+  return 1; }
+state() { for n in {names}; do eval "p=\${p_$n:-} m=\${m_$n:-} r=\${r_$n:-0} t0=\${t0_$n:-}"
+  t=''; if [ -n "$D" ] && [ -r "$D/$n" ]; then IFS= read -r t <"$D/$n"; t=${t#@ }; fi
+  now; a=''; [ -n "$t" ] && a=$(( (up - t) * 10 ))
+  if [ "$m" = oneshot ]; then k=oneshot; elif [ -z "$p" ]; then k=idle; elif alive "$p"; then k=running
+  else k=dead; fi
+  e=''; [ -n "$D" ] && [ -s "$D/$n.err" ] && IFS= read -r e <"$D/$n.err"
+  printf '%s state=%s restarts=%s age_ms=%s pid=%s why=%s\n' "$n" "$k" "$r" "$a" "$p" "$e"; done; }
+"""
+
+
+def metrics_section(*ports: int) -> str:
+    """The section name that reads the engine pages on ``ports`` with one curl (``metrics-8000`` or
+    ``metrics-8000,8001``); :func:`split_pages` splits its answer by port."""
+    if not ports:
+        raise ValueError("at least one port")
+    return METRICS_PREFIX + ",".join(str(remote.validate_port(p)) for p in ports)
+
+
+def _metrics_arm() -> str:
+    """The ``metrics-PORTS`` arm, ``$p`` the ports: :data:`remote.METRICS_PAGE_SCRIPT` run by the
+    probe's own shell (curl and grep, no ``sh -c`` and no ``timeout``: curl's ``-m 2`` bounds each
+    page)."""
+    return remote.METRICS_PAGE_SCRIPT.replace("q=$1", "q=$p").replace('"$2"', shlex.quote(remote.metrics_pattern()))
+
+
+def split_pages(out: SectionOutput) -> dict[int, SectionOutput]:
+    """A ``metrics-PORTS`` section, one answer per port: each page's lines up to its mark
+    (``::sparkpage:: URL STATUS``), exit code 0 when it kept a line (grep's, as a page read alone
+    had). An answer with no mark at all (no curl on the node, a refused port list) is every port's."""
+    ports = [int(x) for x in out.name[len(METRICS_PREFIX):].split(",") if x.isdigit()]
+    pages: dict[int, SectionOutput] = {}
+    buf: list[str] = []
+    mark = remote.PAGE_MARK + " "
+    for line in out.text.splitlines():
+        if line.startswith(mark):
+            m = re.match(r"\S+ https?://[^:/]+:([0-9]+)/", line)
+            if m:
+                port = int(m.group(1))
+                text = "\n".join(buf)
+                pages[port] = SectionOutput(metrics_section(port), text, 0 if buf else 1)
+            buf = []
+            continue
+        buf.append(line)
+    if not pages:
+        return {port: SectionOutput(metrics_section(port), out.text, out.rc) for port in ports}
+    return pages
 
 
 def section_shell(name: str) -> str | None:
-    """The shell text of section ``name`` (``metrics-PORT`` included), or None for an unknown name:
-    what the probe script runs for it, for a twin that answers the protocol itself."""
+    """The shell text of section ``name`` (``metrics-PORTS`` included), or None for an unknown name:
+    the arm the probe script runs for it with the helpers it uses, for a twin that answers the
+    protocol itself (and starts the processes the node would)."""
     sec = SECTION_BY_NAME.get(name)
     if sec is not None:
-        return sec.shell()
-    m = re.fullmatch(METRICS_PREFIX + r"([0-9]{1,5})", name)
-    if m and 0 < int(m.group(1)) < 65536:
-        return remote.metrics_probe(int(m.group(1))).shell()
+        return PRELUDE + sec.arm()
+    m = re.fullmatch(METRICS_PREFIX + r"([0-9]{1,5}(?:,[0-9]{1,5})*)", name)
+    if m and all(0 < int(x) < 65536 for x in m.group(1).split(",")):
+        return PRELUDE + f"p={m.group(1)}; " + _metrics_arm()
     return None
 
 
@@ -117,28 +325,38 @@ def sections_for_tick(tick: int) -> tuple[str, ...]:
     return tuple(s.name for s in SECTIONS if tick % s.every == 0)
 
 
-def probe_script(sections: tuple[ProbeSection, ...] = (*SECTIONS, ENGINES)) -> str:
+def reader_interval_ms(interval_s: float) -> int:
+    """The readers' sampling interval for a console that polls every ``interval_s``: one sample
+    per tick, so the newest is never older than one interval."""
+    return max(READER_MIN_MS, min(READER_MAX_MS, round(interval_s * 1000)))
+
+
+def probe_script(sections: tuple[ProbeSection, ...] = (*SECTIONS, ENGINES), *,
+                 interval_ms: int = DEFAULT_INTERVAL_MS, readers: bool = True) -> str:
     """The shell program the node runs for the whole session (POSIX sh).
 
-    Each section is wrapped in ``timeout`` when the node has it, so one hung tool (a wedged
-    ``nvidia-smi``) costs a section, not the probe.
+    ``interval_ms``: the readers' sampling interval (:func:`reader_interval_ms`). ``readers=False``
+    is the probe of before the readers (every GPU section a one-shot ``nvidia-smi``): what
+    ``benchmarks/node_cost.py`` compares against.
     """
-    cases = []
-    for s in sections:
-        cases.append(f"    {s.name}) $T {s.shell()} 2>&1 ;;")
+    iv_cs = max(1, interval_ms // 10)
+    cases = [f"    {s.name}) {s.arm()} 2>&1 ;;" for s in sections]
     # ``metrics-PORT``: the port comes from the request line, so it is checked to be digits here
     # before it reaches the command (the console only ever asks for ports it validated)
-    page = remote.metrics_probe(8000)
-    script, pattern = page.argv[2], page.argv[5]
-    cases.append(f"    {METRICS_PREFIX}*) p=${{s#{METRICS_PREFIX}}}; case \"$p\" in ''|*[!0-9]*) "
-                 f"echo \"not a port: $p\"; false ;; *) $T sh -c {shlex.quote(script)} sh \"$p\" "
-                 f"{shlex.quote(pattern)} 2>&1 ;; esac ;;")
+    cases.append(f"    {METRICS_PREFIX}*) p=${{s#{METRICS_PREFIX}}}; case \"$p\" in ''|*[!0-9,]*|,*|*,|*,,*) "
+                 f"echo \"not a port: $p\"; false ;; *) {_metrics_arm()} 2>&1 ;; esac ;;")
+    if readers:
+        cases.append(f"    {READERS_SECTION}) state ;;")
+        funcs = READER_FUNCS.replace("{stray}", str(STRAY_CS)).replace("{iv}", str(iv_cs)).replace(
+            "{max_restarts}", str(MAX_RESTARTS)).replace("{names}", " ".join(r.name for r in READERS))
+        funcs += "".join(f"run_{r.name}() {{ exec {r.shell(interval_ms)}; }}\n" for r in READERS)
+        funcs += "".join(f"q_{r.name}=1\n" for r in READERS if r.quiet_when_empty)
+    else:
+        funcs = ""
     body = "\n".join(cases)
     return f"""{HEADER}
 export LC_ALL=C
-T=''
-command -v timeout >/dev/null 2>&1 && T='timeout -k 1 {PER_SECTION_TIMEOUT_S}'
-seq=0
+{PRELUDE}{funcs}seq=0
 while IFS= read -r want; do
   seq=$((seq+1))
   printf '%s begin %s\\n' '{MARK}' "$seq"
@@ -155,9 +373,34 @@ done
 """
 
 
-def probe_command() -> str:
+def probe_command(interval_s: float = DEFAULT_INTERVAL_MS / 1000) -> str:
     """The exec-channel command line that starts the probe on a node."""
-    return "exec sh -c " + shlex.quote(probe_script())
+    return "exec sh -c " + shlex.quote(probe_script(interval_ms=reader_interval_ms(interval_s)))
+
+
+@dataclass(frozen=True)
+class ReaderState:
+    """One reader as the ``readers`` section tells it."""
+
+    name: str
+    state: str  # idle (not asked yet), running, dead (restarted at the next ask), oneshot (given up)
+    restarts: int = 0
+    age_ms: int | None = None  # of its newest block
+    why: str = ""  # its first line on stderr, when it said anything there
+
+
+_READER_LINE = re.compile(r"^([a-z]+) state=([a-z]+) restarts=([0-9]+) age_ms=(-?[0-9]*) pid=[0-9]* why=(.*)$")
+
+
+def parse_readers(text: str) -> dict[str, ReaderState]:
+    """The ``readers`` section: ``NAME state=S restarts=N age_ms=A pid=P why=TEXT`` per reader."""
+    out: dict[str, ReaderState] = {}
+    for line in str(text).splitlines():
+        m = _READER_LINE.match(line.strip())
+        if m:
+            age = int(m.group(4)) if m.group(4) not in ("", "-") else None
+            out[m.group(1)] = ReaderState(m.group(1), m.group(2), int(m.group(3)), age, m.group(5).strip()[:200])
+    return out
 
 
 @dataclass(frozen=True)

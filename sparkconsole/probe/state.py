@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from sparkconsole.probe.samples import NodeSample
+from sparkconsole.probe.script import ReaderState
 from sparkconsole.serving.watch import EngineWatch
 
 HISTORY_POINTS = 600  # 10 minutes at 1 s
@@ -89,6 +90,15 @@ class NodeState:
     history: History = field(default_factory=History)
     #: the engines found on the node by port, each with its pages (the serving poll, issue 24)
     engines: dict[int, EngineWatch] = field(default_factory=dict)
+    #: the probe's long-lived GPU readers as the node last told them (issue 25)
+    readers: dict[str, ReaderState] = field(default_factory=dict)
+    #: things worth one line in the console's events, said once (a reader restarted); the UI takes them
+    notes: list[str] = field(default_factory=list)
+
+    def take_notes(self) -> list[str]:
+        """The notes not yet shown, and forget them (each is said once)."""
+        out, self.notes = self.notes, []
+        return out
 
     def age(self, now: float) -> float | None:
         return None if self.last_ok_at is None else max(0.0, now - self.last_ok_at)

@@ -42,12 +42,21 @@ from pathlib import Path
 import asyncssh
 
 from sparkconsole.config import ClusterConfig, NodeConfig
-from sparkconsole.probe.script import HEADER, MARK, section_shell
+from sparkconsole.probe.script import (
+    HEADER,
+    MARK,
+    READERS_SECTION,
+    SECTION_BY_NAME,
+    ProbeSection,
+    section_shell,
+)
 from sparkconsole.sim.clock import SimClock
 from sparkconsole.sim.model import SimCluster
+from sparkconsole.sim.readers import SimReaders, interval_from_command
 from sparkconsole.sim.shell import Shell
 
 DEMO_USER = "root"
+_NO_READER = ProbeSection("", ())
 
 
 class _Server(asyncssh.SSHServer):
@@ -183,7 +192,7 @@ class NodeServer:
                 script = await process.stdin.read()
                 rc = await self._exec(process, script)
             elif HEADER in cmd:
-                rc = await self._probe(process)
+                rc = await self._probe(process, cmd)
             else:
                 rc = await self._exec(process, cmd)
             if self._lost():
@@ -217,8 +226,18 @@ class NodeServer:
         closed.cancel()
         return run.result()
 
-    async def _probe(self, process: asyncssh.SSHServerProcess) -> int:
+    async def _probe(self, process: asyncssh.SSHServerProcess, cmd: str) -> int:
         shell = Shell(self.sim, self.node)
+        held = shell.hold(["sh", "-c", cmd])  # the probe's one shell: sections run in it, as on the node
+        readers = SimReaders(lambda c, o, e: Shell(self.sim, self.node).run(c, o, e), self.sim.now,
+                             interval_from_command(cmd))
+        try:
+            return await self._probe_ticks(process, shell, readers)
+        finally:
+            await readers.close()
+            held.cancel()
+
+    async def _probe_ticks(self, process: asyncssh.SSHServerProcess, shell: Shell, readers: SimReaders) -> int:
         seq = 0
         while True:
             line = await process.stdin.readline()
@@ -231,12 +250,18 @@ class NodeServer:
             for name in line.split():
                 out.append(f"{MARK} section {name}\n")
                 sec = section_shell(name)
-                if sec is None:
+                if name == READERS_SECTION:
+                    out.append(readers.state_text())
+                    rc = 0
+                elif sec is None:
                     out.append(f"unknown section: {name}\n")
                     rc = 1
+                elif (shown := readers.show(name) if SECTION_BY_NAME.get(name, _NO_READER).reader else None):
+                    out.append(shown)
+                    rc = 0
                 else:
                     buf: list[str] = []
-                    rc = await shell.run(sec, buf.append, buf.append)
+                    rc = await shell.run_here(sec, buf.append, buf.append)
                     text = "".join(buf)
                     if text and not text.endswith("\n"):
                         text += "\n"

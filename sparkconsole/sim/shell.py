@@ -103,6 +103,20 @@ class Shell(SysTools, FileTools, NetTools, DockerTools, RayTools, HfTools, Rsync
             raise
         return proc.rc if proc.rc is not None else 0
 
+    def hold(self, argv: list[str]) -> asyncio.Task[int]:
+        """Start a long-lived shell process (``argv`` is what ``ps`` shows: the probe's ``sh -c``)
+        that :meth:`run_here` runs scripts in, as one shell reading commands would; it ends when
+        the returned task is cancelled (the channel closed)."""
+        table = self.procs
+        self.proc = table.spawn(argv)
+        return table.start(self.proc, asyncio.get_running_loop().create_future())
+
+    async def run_here(self, script: str, out: Writer, err: Writer) -> int:
+        """``script`` in the held process: builtins and functions start nothing, each other command
+        is a child of it (no ``sh -c`` of its own, unlike :meth:`run`)."""
+        assert self.proc is not None, "hold() first"
+        return await self.run_script(script, IO(out, err, None, self.env_for({}), self.proc))
+
     async def capture(self, cmdline: str, stdin: str | None = None) -> tuple[str, str, int]:
         o, e = Capture(), Capture()
         rc = await self.run(cmdline, o, e, stdin)

@@ -360,6 +360,8 @@ class SparkConsoleApp(App[int]):
                 self.add_event(severity, f"{name}: {state.status.value}" + ("" if state.status is NodeStatus.UP
                                                                                else f" — {state.reason}"))
             self._last_status[name] = state.status
+        for note in state.take_notes():
+            self.add_event("warning", f"{name}: {note}")
         # an alert is one event while it lasts: its identity is kind + node + subject, not its
         # text, which carries live numbers (MemAvailable 7.3 GiB, 7.2 GiB, ...)
         current = {a.key: a for a in (self.alerts() if alerts is None else alerts)

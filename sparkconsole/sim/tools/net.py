@@ -296,7 +296,7 @@ class NetTools:
     async def c_curl(self, argv: list[str], io: IO) -> int:
         value_opts = {"-o", "--output", "-w", "--write-out", "--max-time", "-m", "-X", "--request", "-H", "--header",
                       "-d", "--data", "--data-raw", "--data-binary", "--connect-timeout", "-u", "--user", "-A",
-                      "--retry", "-x"}
+                      "--retry", "-x", "--stderr"}
         flags: set[str] = set()
         opts: dict[str, str] = {}
         headers: list[str] = []  # every -H, in order (``@-``: lines from stdin, ``@FILE``: from a file)
@@ -333,17 +333,30 @@ class NetTools:
             else:
                 urls.append(a)
             i += 1
+        if not urls:
+            io.err("curl: no URL specified!\ncurl: try 'curl --help' or 'curl --manual' for more information\n")
+            return 2
+        if opts.get("--stderr") == "-":  # curl's own messages into the output stream, in order
+            io = IO(io.out, io.out, io.stdin, io.env, io.proc)
+        # several URLs: one transfer after the other, each with its own -w line; the exit code is the
+        # last transfer's (curl 7.88 here: `curl -w … URL1 URL2`)
+        rc = 0
+        for url in urls:
+            rc = await self._curl_one(url, io, flags, opts, headers, write_out_fmt=opts.get("-w", opts.get("--write-out")))
+        return rc
+
+    async def _curl_one(self, url: str, io: IO, flags: set[str], opts: dict[str, str], headers: list[str],
+                        write_out_fmt: str | None) -> int:
         silent = "-s" in flags or "--silent" in flags
         show_err = "-S" in flags or "--show-error" in flags
         fail = "-f" in flags or "--fail" in flags
         data = next((opts[k] for k in ("-d", "--data", "--data-raw", "--data-binary") if k in opts), None)
         method = opts.get("-X", opts.get("--request")) or ("POST" if data is not None else "GET")
         output = opts.get("-o", opts.get("--output"))
-        write_out = opts.get("-w", opts.get("--write-out"))
-        if not urls:
-            io.err("curl: no URL specified!\ncurl: try 'curl --help' or 'curl --manual' for more information\n")
-            return 2
-        url = urls[0] if "://" in urls[0] else "http://" + urls[0]  # no scheme: curl guesses http
+        given = url
+        url = url if "://" in url else "http://" + url  # no scheme: curl guesses http
+        write_out = None if write_out_fmt is None else write_out_fmt.replace("%{url_effective}", url).replace(
+            "%{url}", given)
         m = re.match(r"(https?)://([^/:]+)(?::(\d+))?(/[^?]*)?(\?.*)?$", url)
         if not m:
             io.err("curl: (3) URL rejected: Malformed input to a URL function\n")
@@ -367,10 +380,11 @@ class NetTools:
                     sent[name.strip().lower()] = value.strip()
 
         def error(code: int, msg: str) -> int:
-            if write_out is not None:
-                io.out(_write_out(write_out, 0))
+            # the message, then the -w line (a real curl 7.88 with --stderr -: "curl: (7) …" first)
             if not silent or show_err:
                 io.err(f"curl: ({code}) {msg}\n")
+            if write_out is not None:
+                io.out(_write_out(write_out, 0))
             return code
 
         if host == HUB or host.endswith("." + HUB):
