@@ -19,7 +19,7 @@ counter: every fork and thread on the machine, so run it on an otherwise idle no
 bound is the probe's own), the wall time of each answer, and the age of the readers' newest GPU
 sample at each tick (the ``readers`` section).
 
-    .venv/bin/python benchmarks/node_cost.py [--ticks 60] [--interval 1] [--host [USER@]HOST] [--json]
+    .venv/bin/python benchmarks/node_cost.py [--ticks 60] [--interval 1] [--warmup 5] [--host [USER@]HOST] [--json]
 
 ``--host`` runs it through ``ssh`` (BatchMode, the user's own config and known_hosts: host keys are
 verified) on a node that has ``sh``; nothing is installed there.
@@ -123,10 +123,12 @@ def main() -> int:
     p.add_argument("--ticks", type=int, default=60)
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--host", default=None, help="[USER@]HOST: measure on that node through ssh")
+    p.add_argument("--warmup", type=int, default=5, help="ticks counted as the start (run again alone and taken off)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    if args.ticks < 2 or args.interval <= 0:
-        print("node_cost: --ticks must be at least 2 and --interval positive", file=sys.stderr)
+    if args.ticks < 2 or args.interval <= 0 or not 1 <= args.warmup < args.ticks:
+        print("node_cost: --ticks must be at least 2, --interval positive, --warmup between 1 and --ticks - 1",
+              file=sys.stderr)
         return 2
     iv = reader_interval_ms(args.interval)
     console = [" ".join(sections_for_tick(t)) for t in range(args.ticks)]
@@ -139,7 +141,15 @@ def main() -> int:
     }
     rows = {}
     for name, (script, requests) in plans.items():
-        rows[name] = run_probe(script, requests, args.interval, args.host)
+        whole = run_probe(script, requests, args.interval, args.host)
+        # the steady state: the same run cut short after the start (the first tick's one-shot
+        # queries, the readers' own start), the difference over the ticks after it
+        start = run_probe(script, requests[:args.warmup], args.interval, args.host)
+        n = len(requests) - args.warmup
+        for key in ("cpu_ms_per_tick", "forks_per_tick"):
+            a, b = whole[key], start[key]
+            whole["steady_" + key] = None if a is None or b is None else (a * len(requests) - b * args.warmup) / n
+        rows[name] = whole
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -148,11 +158,13 @@ def main() -> int:
         return "—" if v is None else f"{v:.{d}f}"
 
     print(f"node: {args.host or 'this machine'}; one tick every {args.interval:g} s; readers sample every {iv} ms")
-    print("| what | ticks | CPU ms per tick (probe and children) | forks per tick (machine) | wall ms (median · p90) "
-          "| GPU sample age ms (median · max) |")
+    print(f"(steady: after the first {args.warmup} ticks, measured as the whole run less a run of those alone)")
+    print("| what | ticks | CPU ms per tick (probe and children): all · steady | forks per tick (machine): all · "
+          "steady | wall ms (median · p90) | GPU sample age ms (median · max) |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['ticks']} | {f(r['cpu_ms_per_tick'])} | {f(r['forks_per_tick'])} | "
+        print(f"| {name} | {r['ticks']} | {f(r['cpu_ms_per_tick'])} · {f(r['steady_cpu_ms_per_tick'])} | "
+              f"{f(r['forks_per_tick'])} · {f(r['steady_forks_per_tick'])} | "
               f"{f(r['wall_ms_median'])} · {f(r['wall_ms_p90'])} | {f(r['gpu_age_ms_median'], 0)} · "
               f"{f(r['gpu_age_ms_max'], 0)} |")
     return 0

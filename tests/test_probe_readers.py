@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from sparkconsole.probe import parsers as P
 from sparkconsole.probe.assemble import assemble_sample
 from sparkconsole.probe.poller import NodePoller
@@ -252,3 +254,93 @@ async def test_the_twin_starts_at_most_one_process_per_tick():
             assert poller.state.readers["gpu"].restarts == 0
         finally:
             await poller.close()
+
+
+@pytest.mark.docker
+@pytest.mark.sshd
+async def test_a_real_node_over_ssh_starts_at_most_one_process_per_tick(sshd, docker_lab, tmp_path):
+    """The lab: a real OpenSSH sshd and a real Docker engine with two containers running. The
+    probe the poller starts through SSH is followed by ``strace -f`` (attached to it): over the
+    console's cadence it starts less than one process per tick (no GPU here: a missing tool costs
+    none), and the containers' figures come from their cgroup files, as ``docker stats`` gives them."""
+    import psutil
+
+    from sparkconsole.transport.ssh import SshTransport
+
+    busy = docker_lab.run("busy", "while :; do :; done")
+    idle = docker_lab.ticker("idle", interval=1.0)
+    transport = SshTransport(sshd.node_config("spark-01"), backoff_base=0.1, backoff_max=0.5)
+    poller = NodePoller(sshd.node_config("spark-01"), transport, interval=1.0)
+    poller.patience = 20.0
+    trace = tmp_path / "trace"
+    tracer = None
+    try:
+        began = time.time() - 1.0
+        await poller.poll_once()
+        # this test's probe: the probe shell (not one of its readers' subshells) started by now
+        mine = [p for p in psutil.process_iter(["cmdline", "create_time"])
+                if p.info["cmdline"] and "sparkconsole probe v2" in " ".join(p.info["cmdline"])
+                and p.info["create_time"] >= began]
+        probes = [p for p in mine if p.ppid() not in {q.pid for q in mine}]
+        assert len(probes) == 1, probes
+        tracer = subprocess.Popen(["strace", "-f", "-ttt", "-qq", "-e", "trace=clone,clone3,fork,vfork", "-o", str(trace),
+                                   "-p", str(probes[0].pid)], stderr=subprocess.DEVNULL)
+        while not trace.exists() or not poller._cgroups_ok:
+            await asyncio.sleep(0.1)
+            await poller.poll_once()
+        start = time.time()
+        for _ in range(40):
+            await poller.poll_once()
+        ended = time.time()
+        tracer.terminate()
+        tracer.wait(10)
+        per_tick = (forks(trace, since=start) - forks(trace, since=ended)) / 40
+        assert per_tick <= 1.0, per_tick
+        sample = poller.state.sample
+        assert sample is not None
+        by_name = {c.name: c for c in sample.containers}
+        assert by_name[busy].cpu_pct is not None and by_name[busy].cpu_pct > 50  # a busy loop: about one core
+        assert by_name[idle].cpu_pct is not None and by_name[idle].cpu_pct < 20
+        assert by_name[busy].mem_used_bytes and by_name[busy].mem_limit_bytes
+        assert "docker-stats" not in sample.sections  # the cgroup files stand in for it
+    finally:
+        if tracer is not None and tracer.poll() is None:
+            tracer.kill()
+        await poller.close()
+
+
+@pytest.fixture
+def docker_lab(tmp_path: Path):
+    from tests.lab.docker import docker_lab_fixture
+
+    yield from docker_lab_fixture(tmp_path)
+
+
+def test_the_console_shows_a_reader_note_once_in_its_events():
+    from types import SimpleNamespace
+
+    from sparkconsole.probe.state import NodeState
+    from sparkconsole.ui.app import DemoOptions, SparkConsoleApp
+
+    app = SparkConsoleApp(demo=DemoOptions(), clock=lambda: 100.0, remember_theme=False)
+    state = NodeState("spark-1")
+    app.poller = SimpleNamespace(pollers={"spark-1": SimpleNamespace(state=state)})
+    state.notes.append("GPU reader gpu died and was restarted: \x1b[31mred\x1b[0m")  # node words: cleaned
+    app._note_changes("spark-1", [])
+    app._note_changes("spark-1", [])
+    texts = [text for _, sev, text in app.events if sev == "warning"]
+    assert len(texts) == 1 and texts[0].startswith("spark-1: GPU reader gpu died and was restarted")
+    assert "\x1b" not in texts[0]
+
+
+def test_the_node_detail_says_how_the_gpu_is_read():
+    from sparkconsole.probe.script import ReaderState
+    from sparkconsole.probe.state import NodeState
+    from sparkconsole.ui.screens.node_detail import gpu_reading
+
+    state = NodeState("spark-1")
+    assert gpu_reading(state) == "—"
+    state.readers = {"gpu": ReaderState("gpu", "running"), "apps": ReaderState("apps", "running", restarts=2)}
+    assert gpu_reading(state) == "streaming (nvidia-smi -lms) · restarted 2×"
+    state.readers = {n: ReaderState(n, "oneshot") for n in ("gpu", "apps")}
+    assert gpu_reading(state) == "one nvidia-smi per tick"

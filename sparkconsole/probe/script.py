@@ -178,8 +178,9 @@ MAX_RESTARTS = 5  # a reader that died this often is given up for the session (o
 # process. ``rd``: cat. ``hdot``: grep -H . (GNU grep's words and exit codes). ``now``: /proc/uptime
 # in centiseconds into $up. ``cg``: per running container (the first 12 characters of its id, as
 # ``docker ps`` shows them), CPU since the last call in hundredths of a percent of one core (docker
-# stats' CPUPerc), memory.current less inactive_file (docker stats' used figure on cgroup v2),
-# memory.max. The main loop's own names (``s``, ``want``, ``seq``) are used by no helper.
+# stats' CPUPerc), the memory in use less the inactive page cache (docker stats' used figure:
+# memory.current less inactive_file on cgroup v2, memory.usage_in_bytes less total_inactive_file on
+# v1), the limit (``max``: none; v1's "no limit" is a 19-digit number). The main loop's own names (``s``, ``want``, ``seq``) are used by no helper.
 PRELUDE = r"""T=''
 command -v timeout >/dev/null 2>&1 && T='timeout -k 1 {timeout}'
 x() { if [ "$1" = timeout ]; then w=$5; else w=$1; fi
@@ -190,20 +191,29 @@ hdot() { r=1; for f; do if [ -r "$f" ]; then
   else echo "grep: $f: No such file or directory"; r=2; fi; done; return $r; }
 now() { read -r up _ </proc/uptime; up=${up%.*}${up#*.}; up=${up#"${up%%[!0]*}"}; up=${up:-0}; }
 show() { return 1; }
+cgv() { id=${1##*/}; id=${id#docker-}; id=${id%.scope}; c=${id%"${id#????????????}"}
+  eval "pu=\${cu_$c:-} pt=\${ct_$c:-}"; cpu=-
+  [ -n "$pu" ] && [ $((up - pt)) -gt 0 ] && cpu=$(( ($2 - pu) / (up - pt) ))
+  eval "cu_$c=\$2 ct_$c=\$up"
+  printf 'container %s cpu_x100=%s used=%s max=%s\n' "$c" "$cpu" "$(($3 - $4))" "$5"; }
 cg() { r=1; now
   for d in /sys/fs/cgroup/system.slice/docker-*.scope /sys/fs/cgroup/docker/*; do
     [ -r "$d/memory.current" ] || continue; r=0
-    id=${d##*/}; id=${id#docker-}; id=${id%.scope}; c=${id%"${id#????????????}"}
     read -r mc <"$d/memory.current"; mx=max; [ -r "$d/memory.max" ] && read -r mx <"$d/memory.max"
     ia=0; while read -r k v; do [ "$k" = inactive_file ] && { ia=$v; break; }; done <"$d/memory.stat"
     us=0; while read -r k v; do [ "$k" = usage_usec ] && { us=$v; break; }; done <"$d/cpu.stat"
-    eval "pu=\${cu_$c:-} pt=\${ct_$c:-}"; cpu=-
-    [ -n "$pu" ] && [ $((up - pt)) -gt 0 ] && cpu=$(( (us - pu) / (up - pt) ))
-    eval "cu_$c=\$us ct_$c=\$up"
-    printf 'container %s cpu_x100=%s used=%s max=%s\n' "$c" "$cpu" "$((mc - ia))" "$mx"
+    cgv "$d" "$us" "$mc" "$ia" "$mx"
   done
-  [ $r = 0 ] || [ -r /sys/fs/cgroup/cgroup.controllers ] && return 0
-  echo "no container cgroups here (cgroup v2, Docker's systemd or cgroupfs driver)"; return 1; }
+  for d in /sys/fs/cgroup/memory/system.slice/docker-*.scope /sys/fs/cgroup/memory/docker/*; do
+    [ -r "$d/memory.usage_in_bytes" ] && [ -r "${d%/memory/*}/cpuacct/${d#*/memory/}/cpuacct.usage" ] || continue
+    r=0; read -r mc <"$d/memory.usage_in_bytes"; read -r mx <"$d/memory.limit_in_bytes"
+    [ ${#mx} -ge 19 ] && mx=max
+    ia=0; while read -r k v; do [ "$k" = total_inactive_file ] && { ia=$v; break; }; done <"$d/memory.stat"
+    read -r ns <"${d%/memory/*}/cpuacct/${d#*/memory/}/cpuacct.usage"
+    cgv "$d" "$((ns / 1000))" "$mc" "$ia" "$mx"
+  done
+  [ $r = 0 ] || [ -r /sys/fs/cgroup/cgroup.controllers ] || [ -d /sys/fs/cgroup/memory/docker ] && return 0
+  echo "no container cgroups here (Docker's systemd or cgroupfs driver, cgroup v1 or v2)"; return 1; }
 """.replace("{timeout}", str(PER_SECTION_TIMEOUT_S))
 
 # The readers (only in the probe script: a twin answers ``show`` itself). ``start``: the reader's
@@ -307,17 +317,24 @@ def split_pages(out: SectionOutput) -> dict[int, SectionOutput]:
     return pages
 
 
-def section_shell(name: str) -> str | None:
-    """The shell text of section ``name`` (``metrics-PORTS`` included), or None for an unknown name:
-    the arm the probe script runs for it with the helpers it uses, for a twin that answers the
-    protocol itself (and starts the processes the node would)."""
+def section_arm(name: str) -> str | None:
+    """The arm the probe script runs for section ``name`` (``metrics-PORTS`` included), or None for
+    an unknown name; it calls the helpers of :data:`PRELUDE`, which a shell that answers many
+    sections (the twin's probe) defines once."""
     sec = SECTION_BY_NAME.get(name)
     if sec is not None:
-        return PRELUDE + sec.arm()
+        return sec.arm()
     m = re.fullmatch(METRICS_PREFIX + r"([0-9]{1,5}(?:,[0-9]{1,5})*)", name)
     if m and all(0 < int(x) < 65536 for x in m.group(1).split(",")):
-        return PRELUDE + f"p={m.group(1)}; " + _metrics_arm()
+        return f"p={m.group(1)}; " + _metrics_arm()
     return None
+
+
+def section_shell(name: str) -> str | None:
+    """The whole shell text of section ``name`` (:func:`section_arm` with the helpers it uses), or
+    None for an unknown name: what one shell runs to answer it alone."""
+    arm = section_arm(name)
+    return None if arm is None else PRELUDE + arm
 
 
 def sections_for_tick(tick: int) -> tuple[str, ...]:

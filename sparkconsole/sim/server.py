@@ -45,10 +45,11 @@ from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.probe.script import (
     HEADER,
     MARK,
+    PRELUDE,
     READERS_SECTION,
     SECTION_BY_NAME,
     ProbeSection,
-    section_shell,
+    section_arm,
 )
 from sparkconsole.sim.clock import SimClock
 from sparkconsole.sim.model import SimCluster
@@ -56,6 +57,12 @@ from sparkconsole.sim.readers import SimReaders, interval_from_command
 from sparkconsole.sim.shell import Shell
 
 DEMO_USER = "root"
+
+
+def _drop(_text: str) -> None:
+    """A writer that keeps nothing."""
+
+
 _NO_READER = ProbeSection("", ())
 
 
@@ -229,6 +236,7 @@ class NodeServer:
     async def _probe(self, process: asyncssh.SSHServerProcess, cmd: str) -> int:
         shell = Shell(self.sim, self.node)
         held = shell.hold(["sh", "-c", cmd])  # the probe's one shell: sections run in it, as on the node
+        await shell.run_here(PRELUDE, _drop, _drop)  # its helpers, defined once as the script does
         readers = SimReaders(lambda c, o, e: Shell(self.sim, self.node).run(c, o, e), self.sim.now,
                              interval_from_command(cmd))
         try:
@@ -246,32 +254,38 @@ class NodeServer:
             if self._lost():
                 await self._hang()
             seq += 1
-            out = [f"{MARK} begin {seq}\n"]
-            for name in line.split():
-                out.append(f"{MARK} section {name}\n")
-                sec = section_shell(name)
-                if name == READERS_SECTION:
-                    out.append(readers.state_text())
-                    rc = 0
-                elif sec is None:
-                    out.append(f"unknown section: {name}\n")
-                    rc = 1
-                elif (shown := readers.show(name) if SECTION_BY_NAME.get(name, _NO_READER).reader else None):
-                    out.append(shown)
-                    rc = 0
-                else:
-                    buf: list[str] = []
-                    rc = await shell.run_here(sec, buf.append, buf.append)
-                    text = "".join(buf)
-                    if text and not text.endswith("\n"):
-                        text += "\n"
-                    out.append(text)
-                out.append(f"{MARK} rc {name} {rc}\n")
-            out.append(f"{MARK} end {seq}\n")
+            with self.sim.fs(self.node).held():  # one request reads the node's /proc and /sys once
+                out = await self._answer(line, seq, shell, readers)
             if self._lost():
                 await self._hang()
             process.stdout.write("".join(out))
             await process.stdout.drain()
+
+    async def _answer(self, line: str, seq: int, shell: Shell, readers: SimReaders) -> list[str]:
+        """One request line's answer, framed as the probe frames it."""
+        out = [f"{MARK} begin {seq}\n"]
+        for name in line.split():
+            out.append(f"{MARK} section {name}\n")
+            sec = section_arm(name)
+            if name == READERS_SECTION:
+                out.append(readers.state_text())
+                rc = 0
+            elif sec is None:
+                out.append(f"unknown section: {name}\n")
+                rc = 1
+            elif (shown := readers.show(name) if SECTION_BY_NAME.get(name, _NO_READER).reader else None):
+                out.append(shown)
+                rc = 0
+            else:
+                buf: list[str] = []
+                rc = await shell.run_here(sec, buf.append, buf.append)
+                text = "".join(buf)
+                if text and not text.endswith("\n"):
+                    text += "\n"
+                out.append(text)
+            out.append(f"{MARK} rc {name} {rc}\n")
+        out.append(f"{MARK} end {seq}\n")
+        return out
 
 
 # ---- the demo cluster --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ computed at each read by the ``virtual`` callback; a real file at the same path 
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import posixpath
 from collections.abc import Callable, Iterator
@@ -76,11 +77,32 @@ class VFS:
 
     def __init__(self, now: Callable[[], float], virtual: Callable[[], dict[str, str]] | None = None) -> None:
         self.now = now
-        self.virtual = virtual or (lambda: {})
+        self._compute = virtual or (lambda: {})
+        self._held: tuple[dict[str, str], set[str]] | None = None
         self.entries: dict[str, Inode] = {"/": Inode("dir")}
         self.listeners: list[Callable[[str], None]] = []  # called with a path after each write
         for d in ("/root", "/tmp", "/dev", "/etc", "/usr/bin", "/var/log", "/proc", "/sys"):
             self.mkdir(d, parents=True)
+
+    def virtual(self) -> dict[str, str]:
+        """The computed files (``/proc``, ``/sys``) as they are now, or as they were when
+        :meth:`held` began."""
+        return self._held[0] if self._held is not None else self._compute()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The computed files read once and kept for the block: one probe request reads them as one
+        snapshot (each is rendered from the model, so a request that reads fifty of them would
+        render the node fifty times; on a node the request takes a few ms too)."""
+        if self._held is not None:
+            yield
+            return
+        files = self._compute()
+        self._held = (files, self._virtual_dirs(files))
+        try:
+            yield
+        finally:
+            self._held = None
 
     # ---- paths -------------------------------------------------------------------------------
 
@@ -141,7 +163,7 @@ class VFS:
             if isinstance(text, Unreadable):
                 return Inode("file", virtual=True, error=str(text))
             return Inode("file", text=text, blen=len(text.encode()), virtual=True)
-        if real in self._virtual_dirs(files):
+        if real in (self._held[1] if self._held is not None else self._virtual_dirs(files)):
             return Inode("dir", virtual=True)
         return None
 

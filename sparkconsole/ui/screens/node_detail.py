@@ -53,6 +53,19 @@ def sync_table(table: DataTable, rows: list[tuple[str, tuple]]) -> None:
     table.scroll_to(scroll.x, scroll.y, animate=False, immediate=True)
 
 
+def gpu_reading(state: NodeState | None) -> str:
+    """How the probe reads the GPU (docs/watching.md): streaming from its long-lived readers, or one
+    ``nvidia-smi`` per tick where they are not available; restarts counted."""
+    readers = state.readers if state is not None else {}
+    if not readers:
+        return DASH
+    kinds = {r.state for r in readers.values()}
+    how = "one nvidia-smi per tick" if kinds == {"oneshot"} else (
+        "streaming, partly one-shot" if "oneshot" in kinds else "streaming (nvidia-smi -lms)")
+    restarts = sum(r.restarts for r in readers.values())
+    return how + (f" · restarted {restarts}×" if restarts else "")
+
+
 class NodeDetailScreen(LiveScreen):
     """Everything about one node. ``/`` filters the containers; Esc goes back."""
 
@@ -113,12 +126,12 @@ class NodeDetailScreen(LiveScreen):
         alerts = [a for a in app.alerts() if a.node == self.node]
         self.query_one("#detail-card", Static).update(card_renderable(state, role, app.clock(), alerts))
         sample = state.sample
-        self.query_one("#detail-info", Static).update(self._info(sample))
+        self.query_one("#detail-info", Static).update(self._info(sample, state))
         self._fill_links(sample)
         self._fill_containers(sample)
         self._fill_procs(sample)
 
-    def _info(self, sample: NodeSample | None) -> Text:
+    def _info(self, sample: NodeSample | None, state: NodeState | None = None) -> Text:
         text = Text()
         if sample is None:
             return text
@@ -138,6 +151,7 @@ class NodeDetailScreen(LiveScreen):
             ("Ray", DASH if sample.ray is None else
              f"{sample.ray.active_nodes} nodes · GPU {fmt(sample.ray.gpus_used, '', 1)}/{fmt(sample.ray.gpus_total, '', 1)}"),
             ("probe", fmt(sample.probe_ms, " ms", 1)),
+            ("GPU read", gpu_reading(state)),
         ]
         for key, value in rows:
             text.append(f"{key:<9}", style="dim")
