@@ -164,6 +164,21 @@ def test_a_dead_reader_is_restarted_and_counted():
     assert _stub_gone(), "a reader outlived the probe"
 
 
+def test_a_wedged_reader_is_ended_and_restarted_while_one_shot_reads_answer():
+    probe = Probe(interval_ms=200, STUB_WEDGE="1")
+    try:
+        secs = probe.until(GPU_TICK, lambda s: parse_readers(s["readers"].text)["gpu"].restarts >= 1, timeout=30)
+        assert parse_readers(secs["readers"].text)["gpu"].restarts >= 1
+        # meanwhile every tick had its figures: from the one-shot query once the block was stale
+        assert P.gpus_from_query(P.parse_nvidia_smi_csv(secs["gpu"].text))[0].memory_used_mib == 32115
+    finally:
+        probe.close()
+    deadline = time.monotonic() + 10
+    while not _stub_gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _stub_gone(), "a reader outlived the probe"
+
+
 def test_a_node_without_loop_mode_keeps_the_one_shot_sections():
     probe = Probe(STUB_NO_LOOP="1")
     try:

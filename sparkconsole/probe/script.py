@@ -226,7 +226,9 @@ cg() { r=1; now
 # ``alive``: not gone and not a zombie. ``keep``: start, restart (counted), or give up. ``show``:
 # the header and the newest block when it is younger than two intervals (a read that met the reader
 # mid-write has no ``.``: the last whole block read stands in); for a reader quiet when empty, the
-# header alone once it has been running that long with nothing newer.
+# header alone once it has been running that long with nothing newer. A reader that prints nothing
+# for ten intervals (a wedged nvidia-smi) is ended, so the next tick restarts it (counted); until
+# then the one-shot command answers.
 READER_FUNCS = r"""D=''
 for b in "${XDG_RUNTIME_DIR:-}" /dev/shm /tmp; do
   [ -n "$b" ] && [ -d "$b" ] && [ -w "$b" ] && D=$(mktemp -d "$b/sparkprobe.XXXXXX" 2>/dev/null) && break
@@ -238,7 +240,7 @@ stop() { for n in {names}; do eval "k=\${k_$n:-} p=\${p_$n:-}"; [ -n "$k" ] && k
   [ -n "$p" ] && kill "$p" 2>/dev/null; done; }
 start() { n=$1; eval "r=\${r_$n:-0}"; q="$D/$n.$r"
   now; eval "t0_$n=\$up"
-  mkfifo -m 600 "$q" || return 1
+  mkfifo -m 600 "$q" || { eval "m_$n=oneshot"; return 1; }
   "run_$n" >"$q" 2>"$D/$n.err" &
   eval "k_$n=\$!"
   { h=''; b=''; t=0
@@ -266,7 +268,8 @@ show() { n=$1; keep "$n" || return 1
 " ;; esac; done <"$f"; fi
   if [ -n "$ok" ]; then eval "g_$n=\$b gt_$n=\$t"; else eval "b=\${g_$n:-} t=\${gt_$n:-}"; fi
   if [ -n "$t" ] && [ $((up - t)) -le $((2 * {iv})) ]; then printf '%s\n%s' "$h" "$b"; return 0; fi
-  eval "q=\${q_$n:-} t0=\${t0_$n:-0}"
+  eval "q=\${q_$n:-} t0=\${t0_$n:-0} k=\${k_$n:-}"
+  [ -z "$q" ] && [ -n "$k" ] && [ $((up - ${t:-$t0})) -gt $((10 * {iv})) ] && kill "$k" 2>/dev/null
   [ -n "$q" ] && [ $((up - t0)) -gt $((2 * {iv})) ] && { printf '%s\n' "$h"; return 0; }
   return 1; }
 state() { for n in {names}; do eval "p=\${p_$n:-} m=\${m_$n:-} r=\${r_$n:-0} t0=\${t0_$n:-}"
