@@ -97,6 +97,7 @@ class NodePoller:
         self._pages_due = False
         self._cgroups_ok = False  # the node answered ``cgroups``: containers' figures come from their files
         self._ps_due = False  # the running containers changed since the last ``docker ps``
+        self._ps_ticks = 0  # ticks after the next that still list them (after a service action)
         self.transport = transport
         self.interval = interval
         self.tick_timeout = tick_timeout
@@ -285,8 +286,16 @@ class NodePoller:
         out = tuple(n for n in wanted if n != "docker-stats" and (n != "docker-ps" or due))
         if due and "docker-ps" not in out:
             out += ("docker-ps",)
-        self._ps_due = False
+        self._ps_due = self._ps_ticks > 0
+        self._ps_ticks = max(0, self._ps_ticks - 1)
         return out
+
+    def containers_changed(self, ticks: int = 1) -> None:
+        """The next ``ticks`` ticks list the containers (``docker ps``) whatever the cgroups say:
+        after a refresh the operator asked for, the list is read at once; after a service action,
+        for a few ticks more (a container started is "created" for a moment)."""
+        self._ps_due = True
+        self._ps_ticks = max(self._ps_ticks, ticks - 1)
 
     def _cgroups_read(self, out: SectionOutput | None) -> None:
         """Remember whether the node has container cgroups, and whether ``docker ps`` is due: the

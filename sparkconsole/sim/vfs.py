@@ -15,6 +15,7 @@ computed at each read by the ``virtual`` callback; a real file at the same path 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fnmatch
 import posixpath
 from collections.abc import Callable, Iterator
@@ -72,37 +73,52 @@ class Inode:
         return self.text.encode()
 
 
+# Each node's computed files as one probe request holds them (VFS.held), by VFS id; per task
+_HELD: contextvars.ContextVar[dict[int, tuple[dict[str, str], set[str]]] | None] = contextvars.ContextVar(
+    "sparkconsole_vfs_held", default=None)
+
+
+def _held_now() -> dict[int, tuple[dict[str, str], set[str]]]:
+    return _HELD.get() or {}
+
+
 class VFS:
     """The files of one node. ``now`` gives sim time (mtimes); ``virtual`` the computed files."""
 
     def __init__(self, now: Callable[[], float], virtual: Callable[[], dict[str, str]] | None = None) -> None:
         self.now = now
         self._compute = virtual or (lambda: {})
-        self._held: tuple[dict[str, str], set[str]] | None = None
         self.entries: dict[str, Inode] = {"/": Inode("dir")}
         self.listeners: list[Callable[[str], None]] = []  # called with a path after each write
         for d in ("/root", "/tmp", "/dev", "/etc", "/usr/bin", "/var/log", "/proc", "/sys"):
             self.mkdir(d, parents=True)
 
     def virtual(self) -> dict[str, str]:
-        """The computed files (``/proc``, ``/sys``) as they are now, or as they were when
-        :meth:`held` began."""
-        return self._held[0] if self._held is not None else self._compute()
+        """The computed files (``/proc``, ``/sys``) as they are now, or, inside :meth:`held`, as they
+        were when it began."""
+        held = _held_now().get(id(self))
+        return held[0] if held is not None else self._compute()
+
+    def _held_dirs(self) -> set[str] | None:
+        held = _held_now().get(id(self))
+        return held[1] if held is not None else None
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """The computed files read once and kept for the block: one probe request reads them as one
-        snapshot (each is rendered from the model, so a request that reads fifty of them would
-        render the node fifty times; on a node the request takes a few ms too)."""
-        if self._held is not None:
+        """The computed files read once and kept for the block, for this task and the processes it
+        starts only (a context variable): one probe request reads them as one snapshot (each is
+        rendered from the model, so a request that reads fifty of them would render the node fifty
+        times), while every other session on the node keeps seeing them as they are (a job started
+        meanwhile has its /proc/PID)."""
+        if id(self) in _held_now():
             yield
             return
         files = self._compute()
-        self._held = (files, self._virtual_dirs(files))
+        token = _HELD.set({**_held_now(), id(self): (files, self._virtual_dirs(files))})
         try:
             yield
         finally:
-            self._held = None
+            _HELD.reset(token)
 
     # ---- paths -------------------------------------------------------------------------------
 
@@ -163,7 +179,8 @@ class VFS:
             if isinstance(text, Unreadable):
                 return Inode("file", virtual=True, error=str(text))
             return Inode("file", text=text, blen=len(text.encode()), virtual=True)
-        if real in (self._held[1] if self._held is not None else self._virtual_dirs(files)):
+        dirs = self._held_dirs()
+        if real in (dirs if dirs is not None else self._virtual_dirs(files)):
             return Inode("dir", virtual=True)
         return None
 

@@ -468,6 +468,7 @@ class SparkConsoleApp(App[int]):
         if self.poller is None:
             return
         for name in self.poller.pollers:
+            self.poller.pollers[name].containers_changed()  # a refresh reads the containers too
             self.poll_node(name, force=True)
 
     def _set_interval(self, value: float) -> None:
@@ -535,6 +536,8 @@ class SparkConsoleApp(App[int]):
             self.notify(f"{action} {service.name}: cancelled", timeout=2)
             return
         result = await controller.execute(cmd)
+        if self.poller is not None and node in self.poller.pollers:
+            self.poller.pollers[node].containers_changed(ticks=4)  # watch it come up or go
         self.notify(result.message, severity=result.severity, title=node)
         self.add_event("info" if result.ok else "critical", result.message)
         self.action_refresh_now()
