@@ -144,6 +144,14 @@ def _stub_gone() -> bool:
     return not subprocess.run(["pgrep", "-f", f"{sys.executable} - --query"], capture_output=True, text=True).stdout.strip()
 
 
+def assert_readers_gone(timeout: float = 10.0) -> None:
+    """No stand-in nvidia-smi left running: the probe's exit stopped its readers (waits for it)."""
+    deadline = time.monotonic() + timeout
+    while not _stub_gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _stub_gone(), "a reader outlived the probe"
+
+
 def test_a_dead_reader_is_restarted_and_counted():
     """Killed, a reader is restarted and counted; and a probe that ends right after the restart
     still stops the new one (its pid is the shell's own ``$!``, not a file written later)."""
@@ -158,10 +166,7 @@ def test_a_dead_reader_is_restarted_and_counted():
         assert P.gpus_from_query(P.parse_nvidia_smi_csv(secs["gpu"].text))[0].memory_used_mib == 32115
     finally:
         probe.close()
-    deadline = time.monotonic() + 10
-    while not _stub_gone() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _stub_gone(), "a reader outlived the probe"
+    assert_readers_gone()
 
 
 def test_a_wedged_reader_is_ended_and_restarted_while_one_shot_reads_answer():
@@ -173,10 +178,7 @@ def test_a_wedged_reader_is_ended_and_restarted_while_one_shot_reads_answer():
         assert P.gpus_from_query(P.parse_nvidia_smi_csv(secs["gpu"].text))[0].memory_used_mib == 32115
     finally:
         probe.close()
-    deadline = time.monotonic() + 10
-    while not _stub_gone() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _stub_gone(), "a reader outlived the probe"
+    assert_readers_gone()
 
 
 def test_a_node_without_loop_mode_keeps_the_one_shot_sections():
