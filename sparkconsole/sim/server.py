@@ -48,7 +48,6 @@ from sparkconsole.probe.script import (
     PRELUDE,
     READERS_SECTION,
     SECTION_BY_NAME,
-    ProbeSection,
     section_arm,
 )
 from sparkconsole.sim.clock import SimClock
@@ -63,7 +62,6 @@ def _drop(_text: str) -> None:
     """A writer that keeps nothing."""
 
 
-_NO_READER = ProbeSection("", ())
 
 
 class _Server(asyncssh.SSHServer):
@@ -273,7 +271,7 @@ class NodeServer:
             elif sec is None:
                 out.append(f"unknown section: {name}\n")
                 rc = 1
-            elif (shown := readers.show(name) if SECTION_BY_NAME.get(name, _NO_READER).reader else None):
+            elif name in SECTION_BY_NAME and SECTION_BY_NAME[name].reader and (shown := readers.show(name)):
                 out.append(shown)
                 rc = 0
             else:
