@@ -209,6 +209,45 @@ def test_the_probe_leaves_nothing_behind(tmp_path):
     assert gone(), "a reader or its directory outlived the probe"
 
 
+def _probe_dirs(where: Path) -> list[str]:
+    return [p.name for p in where.iterdir() if p.name.startswith("sparkprobe.")]
+
+
+def test_a_probe_killed_outright_leaves_no_reader_and_no_directory(tmp_path):
+    """SIGKILL runs no exit trap: the GPU reader's loop sees its probe gone within an interval and
+    ends every reader, the one quiet for hours too (compute-apps on a GPU with no process), and
+    removes the directory."""
+    probe = Probe(interval_ms=200, XDG_RUNTIME_DIR=str(tmp_path), STUB_NO_APPS="1")
+    try:
+        secs = probe.until(GPU_TICK, lambda s: parse_readers(s["readers"].text)["gpu"].age_ms is not None
+                           and parse_readers(s["readers"].text)["apps"].state == "running")
+        r = parse_readers(secs["readers"].text)
+        assert r["apps"].age_ms is None  # the quiet one: no block, its loop never wakes on its own
+        assert _probe_dirs(tmp_path) and not _stub_gone()
+    finally:
+        probe.proc.kill()
+        probe.proc.wait(20)
+    assert_readers_gone()
+    deadline = time.monotonic() + 10
+    while _probe_dirs(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _probe_dirs(tmp_path) == []
+
+
+def test_a_probe_that_starts_no_reader_makes_no_directory(tmp_path):
+    """The directory is made with the first reader, so a probe killed before any (or on a node
+    without nvidia-smi) leaves nothing behind either."""
+    probe = Probe(XDG_RUNTIME_DIR=str(tmp_path), PATH="/nonexistent:/usr/bin:/bin")
+    try:
+        secs = probe.ask("uptime meminfo gpu gpu-apps readers")
+        assert {r.state for r in parse_readers(secs["readers"].text).values()} == {"oneshot"}
+        assert secs["meminfo"].rc == 0
+    finally:
+        probe.proc.kill()
+        probe.proc.wait(20)
+    assert _probe_dirs(tmp_path) == []
+
+
 def test_a_missing_tool_costs_no_process(tmp_path):
     trace = tmp_path / "trace"
     probe = Probe(trace=trace, PATH="/nonexistent:/usr/bin:/bin")
@@ -218,7 +257,7 @@ def test_a_missing_tool_costs_no_process(tmp_path):
     finally:
         probe.close()
     assert secs["ray-status"].rc == 127 and "not found" in secs["ray-status"].text
-    assert forks(trace) <= 2  # the probe's own start (mktemp), never one per tick
+    assert forks(trace) <= 1  # at most the probe's own start, never one per tick (no reader: no mktemp)
 
 
 def test_restarts_and_give_up_are_said_once():

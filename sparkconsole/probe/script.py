@@ -229,10 +229,18 @@ cg() { r=1; now
 # header alone once it has been running that long with nothing newer. A reader that prints nothing
 # for ten intervals (a wedged nvidia-smi) is ended, so the next tick restarts it (counted); until
 # then the one-shot command answers.
-READER_FUNCS = r"""D=''
-for b in "${XDG_RUNTIME_DIR:-}" /dev/shm /tmp; do
-  [ -n "$b" ] && [ -d "$b" ] && [ -w "$b" ] && D=$(mktemp -d "$b/sparkprobe.XXXXXX" 2>/dev/null) && break
-done
+# ``mkd``: the private directory, made when the first reader starts (a probe that never starts one,
+# on a node without nvidia-smi, makes none). A probe killed outright (SIGKILL: no exit trap) must not
+# leave readers or the directory behind: each loop checks at every line that the probe (``$$``, the
+# parent's pid in a subshell) is still there, and if not, ``gone`` ends every reader through the pid
+# files and removes the directory. The GPU reader prints every interval, so its loop is the watchdog
+# for a reader that may print nothing for hours (compute-apps on a node with no GPU process).
+READER_FUNCS = r"""D='' DT=''
+mkd() { [ -n "$D" ] && return 0; [ -z "$DT" ] || return 1; DT=1
+  for b in "${XDG_RUNTIME_DIR:-}" /dev/shm /tmp; do
+    [ -n "$b" ] && [ -d "$b" ] && [ -w "$b" ] && D=$(mktemp -d "$b/sparkprobe.XXXXXX" 2>/dev/null) && return 0
+  done; return 1; }
+gone() { for f in "$D"/*.pid; do [ -r "$f" ] && read -r k <"$f" && kill "$k" 2>/dev/null; done; rm -rf "$D"; }
 trap 'stop; wait; [ -n "$D" ] && rm -rf "$D"' EXIT
 trap 'exit 129' HUP
 trap 'exit 143' TERM
@@ -242,9 +250,9 @@ start() { n=$1; eval "r=\${r_$n:-0}"; q="$D/$n.$r"
   now; eval "t0_$n=\$up"
   mkfifo -m 600 "$q" || { eval "m_$n=oneshot"; return 1; }
   "run_$n" >"$q" 2>"$D/$n.err" &
-  eval "k_$n=\$!"
+  eval "k_$n=\$!"; echo "$!" >"$D/$n.pid"
   { h=''; b=''; t=0
-      while IFS= read -r l; do [ -d "$D" ] || exit 0; now
+      while IFS= read -r l; do [ -d "/proc/$$" ] || { gone; exit 0; }; [ -d "$D" ] || exit 0; now
         if [ -z "$h" ]; then h=1; printf '%s\n' "$l" >"$D/$n.h"; continue; fi
         if [ $((up - t)) -gt {stray} ] || [ -z "$b" ]; then b=$l; t=$up; else b="$b
 $l"; fi
@@ -253,8 +261,8 @@ $l"; fi
   eval "p_$n=\$!"; }
 alive() { [ -r "/proc/$1/stat" ] && read -r _ _ z _ <"/proc/$1/stat" && [ "$z" != Z ]; }
 keep() { n=$1; eval "p=\${p_$n:-} m=\${m_$n:-} r=\${r_$n:-0}"
-  [ -n "$D" ] && [ "$m" != oneshot ] || return 1
-  if [ -z "$p" ]; then command -v nvidia-smi >/dev/null 2>&1 || { eval "m_$n=oneshot"; return 1; }
+  [ "$m" != oneshot ] || return 1
+  if [ -z "$p" ]; then command -v nvidia-smi >/dev/null 2>&1 && mkd || { eval "m_$n=oneshot"; return 1; }
   else eval "k=\${k_$n:-}"; alive "$p" && alive "$k" && return 0
     kill "$k" "$p" 2>/dev/null
     if [ ! -s "$D/$n.h" ] || [ $r -ge {max_restarts} ]; then eval "m_$n=oneshot"; return 1; fi
