@@ -41,6 +41,7 @@ async def open_cluster(args: argparse.Namespace, *, demo_speed: float = 1.0) -> 
             nodes=getattr(args, "nodes", 2) or 2,
             scenario=getattr(args, "scenario", "story") or "story",
             speed=demo_speed,
+            twin=getattr(args, "twin", None),
         ) as demo:
             config = demo.config
             if getattr(args, "read_only", False):

@@ -64,6 +64,15 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
                    help="continue a deployment (the latest when no ID): finished steps are not run again")
     p.add_argument("--teardown", nargs="?", const="", metavar="ID",
                    help="remove what a deployment started (the latest when no ID) and offer its stopped services back")
+    p.add_argument("--rehearse", action="store_true",
+                   help="read the cluster without changing it, build its twin, run the whole deployment on the "
+                   "twin and report the decisions, every node's commands, the failures and how long it will take")
+    p.add_argument("--twin-out", metavar="FILE", help="with --rehearse: where to write the twin file "
+                   "(default: the state folder's twins/)")
+    p.add_argument("--answers-from", metavar="REPORT", help="take the decisions' answers from a rehearsal's "
+                   "report (*.rehearsal.json); --answer still wins")
+    p.add_argument("--twin", metavar="FILE", help="with --demo: the simulated cluster is this twin file "
+                   "(written by --rehearse), not a scenario")
     p.add_argument("--json", action="store_true", help="one JSON object per event, one per line")
     p.add_argument("-v", "--verbose", action="store_true", help="also print the engine's log lines")
     p.set_defaults(func=run)
@@ -187,6 +196,12 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError("choose one of --resume and --teardown")
     if args.plan_only and (args.resume is not None or args.teardown is not None):
         raise UserError("--plan-only starts nothing: it cannot be combined with --resume or --teardown")
+    if args.rehearse and (args.resume is not None or args.teardown is not None or args.plan_only):
+        raise UserError("--rehearse changes nothing: it cannot be combined with --resume, --teardown or --plan-only")
+    if args.twin_out and not args.rehearse:
+        raise UserError("--twin-out goes with --rehearse")
+    if args.twin and not getattr(args, "demo", False):
+        raise UserError("--twin opens a twin file as the demo's cluster: add --demo")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,7 +209,21 @@ def run(args: argparse.Namespace) -> int:
     from sparkconsole.deploy.decisions import parse_answers
 
     presets = parse_answers(args.answer)
+    if args.answers_from:
+        from sparkconsole.deploy.rehearsal import load_answers
+
+        presets = {**load_answers(args.answers_from), **presets}
     printer = Printer(args.json, args.verbose)
+    if args.twin:
+        from sparkconsole.deploy.twin import load
+
+        args.twin = load(args.twin)  # a bad file is one line (exit 2) before anything starts
+    if args.rehearse:
+        try:
+            return asyncio.run(_rehearse(args, presets))
+        except KeyboardInterrupt:
+            print("sparkconsole: interrupted: nothing was changed on the nodes", file=sys.stderr)
+            return 130
     try:
         outcome = asyncio.run(_deploy(args, presets, printer))
     except KeyboardInterrupt:
@@ -255,6 +284,51 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
                                          on_plan=printer.plan if args.plan_only else None)
             printer(outcome.result)
             return outcome
+
+
+async def _rehearse(args: argparse.Namespace, presets: dict[str, str]) -> int:
+    """``--rehearse``: the read-only walk on the cluster, its twin written, the whole flow on the
+    twin, the report (:mod:`sparkconsole.deploy.rehearsal`). Exit 0 when the twin served (or reached
+    ``--until``), 1 when the rehearsal met a failure it could not get past."""
+    from datetime import UTC, datetime
+
+    from sparkconsole.config import state_dir
+    from sparkconsole.deploy.flow import Options
+    from sparkconsole.deploy.rehearsal import format_report, read_cluster, rehearse_on_twin, save_report
+    from sparkconsole.deploy.twin import save
+    from sparkconsole.journal import Journal
+    from sparkconsole.logs.follow import display_text, json_safe
+
+    options = Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
+                      tp=args.tp, max_model_len=args.max_model_len)
+    say = (lambda text: None) if args.json else (lambda text: print(display_text(text), flush=True))
+    async with open_cluster(args, demo_speed=args.speed) as config:
+        say(f"reading {config.name} ({', '.join(n.name for n in config.nodes)}) without changing anything …")
+        twin = await read_cluster(config, options, presets, journal=Journal())
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    path = save(twin, args.twin_out or state_dir() / "twins" / f"{config.name}-{stamp}.json")
+    say(f"twin written: {path} (no secret in it: attach it to a bug report as it is)")
+    say("rehearsing the whole deployment on the twin …")
+    r = await rehearse_on_twin(twin, options, presets, until=args.until)
+    if args.json:
+        for data in r.events:
+            print(json_safe(json.dumps(data, ensure_ascii=False)))
+        print(json_safe(json.dumps({**r.to_json(), "twin": str(path)}, ensure_ascii=False)))
+    else:
+        for line in format_report(r):
+            print(display_text(line))
+    report = save_report(r, path.with_name(path.stem + ".rehearsal.json"))
+    say(f"report written: {report}; the real run takes its answers with: sparkconsole deploy "
+        f"{_cluster_flags(args)}--answers-from {report}")
+    return 0 if r.result.ok else 1
+
+
+def _cluster_flags(args: argparse.Namespace) -> str:
+    if getattr(args, "config", None):
+        return f"--config {args.config} "
+    if getattr(args, "demo", False):
+        return "--demo "
+    return "".join(f"--host {h} " for h in getattr(args, "host", None) or [])
 
 
 def _confirm(args: argparse.Namespace, printer: Printer):

@@ -97,7 +97,11 @@ def container_bytes(f: NodeFacts) -> dict[str, int]:
 
 
 def busy(f: NodeFacts) -> dict[str, float]:
-    return {c["name"]: float(c.get("cpu") or 0.0) for c in f.containers if c.get("name")}
+    """Each service's CPU share in whole percent: a fraction of a percent moves from one read to the
+    next (two idle services read 0.51 % and 0.77 % one second and the other way round the next), so
+    it must not decide; the name does then, and the same cluster gets the same answer every time
+    (its twin too: a rehearsal and the real run recommend the same set)."""
+    return {c["name"]: float(round(float(c.get("cpu") or 0.0))) for c in f.containers if c.get("name")}
 
 
 def choose(f: NodeFacts, need: int, keep: frozenset[str] = frozenset()) -> Choice:

@@ -66,8 +66,11 @@ IMAGES_TEXT = "docker images --digests --format '{{json .}}'"
 # `docker save | docker load` (moby#48401, #47674, docker/cli#6670); a stock Spark capture shows overlay2.
 DRIVER_TEXT = "docker info --format '{{.Driver}} {{json .DriverStatus}}'"
 PORTS_TEXT = "ss -ltnp"
-# which container each GPU process belongs to: the first line of its cgroup names the scope
-CGROUP_TEXT = ("for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do "
+# which container each GPU process, and each process listening on a TCP port, belongs to: the first
+# line of its cgroup names the scope (a twin keeps a port held by the container that holds it: the
+# port frees when that container stops)
+CGROUP_TEXT = ("for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader) "
+               "$(ss -ltnp 2>/dev/null | grep -o 'pid=[0-9]*'); do p=${p#pid=}; "
                'echo "$p $(head -n 1 /proc/$p/cgroup 2>/dev/null)"; done')
 
 
@@ -93,6 +96,7 @@ class Listener:
     address: str
     process: str | None = None
     pid: int | None = None
+    container: str | None = None  # the container its process runs in (its cgroup), where one does
 
 
 @dataclass
@@ -400,7 +404,8 @@ def facts_from_output(node: str, stdout: str, now: float | None = None) -> NodeF
     f.docker = sample.host.docker_version
     f.containers = [{"name": c.name, "image": c.image, "state": c.state, "status": c.status,
                      "mem": c.mem_used_bytes, "cpu": c.cpu_pct} for c in sample.containers]
-    f.holders = _holders(sample, parse_owners(secs["cgroups"].text) if "cgroups" in secs else {})
+    owners = parse_owners(secs["cgroups"].text) if "cgroups" in secs else {}
+    f.holders = _holders(sample, owners)
     if "user" in secs:
         f.user, f.uid, f.gid, f.groups = parse_ids(secs["user"].text)
     sudo = secs["sudo"].text.strip().splitlines()[-1:] if "sudo" in secs else []
@@ -418,6 +423,10 @@ def facts_from_output(node: str, stdout: str, now: float | None = None) -> NodeF
         f.storage_driver, f.image_store = parse_storage(secs["storage"].text)
     if "ports" in secs:
         f.listeners = parse_ss(secs["ports"].text)
+        ids = {c.id: c.name for c in sample.containers if c.id and c.name}
+        for lst in f.listeners:
+            kind, full = owners.get(lst.pid or -1, ("", ""))
+            lst.container = next((n for short, n in ids.items() if kind == "container" and full.startswith(short)), None)
     hub = secs.get("hub")
     code = hub.text.strip().splitlines()[-1] if hub and hub.text.strip() else ""
     f.hub = bool(hub and hub.rc == 0 and code in ("200", "401", "403"))

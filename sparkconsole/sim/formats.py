@@ -333,6 +333,9 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
         ct = c.container(node, holder.container.split("#")[0]) if holder.container else None  # exec: its container
         scope = f"system.slice/docker-{ct.id}.scope" if ct is not None else "user.slice/user-0.slice/session-3.scope"
         files[f"/proc/{holder.pid}/cgroup"] = f"0::/{scope}\n"
+    for ct in c.containers_on(node):  # a twin's container's listening process (ss -p names its pid)
+        if ct.listens and ct.running(t):
+            files[f"/proc/{ct.host_pid}/cgroup"] = f"0::/system.slice/docker-{ct.id}.scope\n"
     files.update(cgroup_files(c, node, t))
     files.update(n.files)
     return files
@@ -730,7 +733,7 @@ def _cpu_percent_int(c: SimCluster, ct: Container, node: str, lo: float, hi: flo
     """The integral of the container's CPU percent over ``[lo, hi]`` (percent-seconds)."""
     if hi <= lo:
         return 0.0
-    base = 0.7 * (hi - lo) + 0.3 * _wobble_int(c.seed, ct.name + "c", lo, hi)
+    base = (0.7 + max(0.0, ct.cpu_pct - 0.7)) * (hi - lo) + 0.3 * _wobble_int(c.seed, ct.name + "c", lo, hi)
     return base + 98.0 * _activity_int(c, ct, node, lo, hi)
 
 
@@ -748,7 +751,7 @@ def container_cpu_percent(c: SimCluster, ct: Container, node: str, t: float) -> 
     start = ct.started or 0.0
     lo = max(start, t - 1.0)
     if t <= lo:  # the first instant: the integrand itself
-        return (0.7 + 0.3 * _wobble(c.seed, ct.name + "c", t)
+        return (0.7 + max(0.0, ct.cpu_pct - 0.7) + 0.3 * _wobble(c.seed, ct.name + "c", t)
                 + 98.0 * _activity_int(c, ct, node, t - 1e-3, t) / 1e-3)
     return _cpu_percent_int(c, ct, node, lo, t) / (t - lo)
 

@@ -556,6 +556,15 @@ class Container:
     rootfs: Any = None
     user: str = ""  # ``--user UID:GID`` ("" : the image's, root)
     main_pid: int | None = None  # a container whose command runs as a shell process: that process
+    # a twin's container (sim/twin.py): the CPU its node's docker stats read (percent of one core, on
+    # top of the idle wobble), and the TCP ports its processes listen on: (address, port, process name)
+    cpu_pct: float = 0.0
+    listens: tuple[tuple[str, int, str], ...] = ()
+
+    @property
+    def host_pid(self) -> int:
+        """The pid its serving process has on the host (ss -p, /proc/PID/cgroup)."""
+        return stable_int(2000, 90000, self.id, "hostpid")
 
     def _member_end(self) -> float | None:
         h = self.headless
@@ -744,6 +753,12 @@ class SimNode:
     # sparkrun installs it [sparkrun scripts]; ("ALL",): anything). Empty on a stock node: sudo asks
     # for a password (``sudo -n``: "a password is required", sudo.ws).
     sudo_rules: list[tuple[str, ...]] = field(default_factory=list)
+    # a twin of a real node (sim/twin.py): the login account as that node's ``id`` said it (None: the
+    # stock first-boot user above), and the host tools its recon found or missed (absent: the stock rule)
+    account: Account | None = None
+    tools: dict[str, bool] = field(default_factory=dict)
+    listens: list[tuple[str, int, str, int]] = field(default_factory=list)  # (address, port, process, pid)
+    disk_extra: int = 0  # bytes in use beyond the OS, the images and the files modelled (a twin's)
 
     def mtu_of(self, iface: Iface) -> int:
         return self.mtu.get(iface.name, iface.mtu)
@@ -992,9 +1007,11 @@ class SimCluster:
         1000, in ``sudo`` and ``docker``: tests/fixtures/real/dgx-os/stock-spark-id-ip.txt); on the
         permissive twin root, as the simulator was before. Everything that needs the user or its
         home (the shell's ``$HOME``, ``id``, the HF cache, ssh between nodes) asks here."""
+        n = self.nodes[node]
+        if n.account is not None:
+            return n.account
         if self.permissive:
             return ROOT
-        n = self.nodes[node]
         groups = tuple(g for g in STOCK_GROUPS if n.docker_group or g[1] != "docker")
         return Account(n.user, 1000, 1000, ((1000, n.user), *groups), f"/home/{n.user}")
 
@@ -1267,7 +1284,7 @@ class SimCluster:
 
     def disk_used(self, node: str, t: float | None = None) -> int:
         t = self.now() if t is None else t
-        used = DISK_OS_USED + sum(i.size_bytes for i in self.images_on(node, t).values())
+        used = DISK_OS_USED + self.nodes[node].disk_extra + sum(i.size_bytes for i in self.images_on(node, t).values())
         fs = self.filesystems.get(node)
         if fs is not None:
             used += sum(e.nbytes() for p, e in fs.entries.items() if e.kind == "file")

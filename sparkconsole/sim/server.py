@@ -38,6 +38,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 
@@ -392,26 +393,38 @@ async def start_cluster(sim: SimCluster, workdir: str | os.PathLike[str] | None 
         pub = host_key.export_public_key("openssh").decode().strip()
         kh_lines.append(f"[127.0.0.1]:{port} {pub}")
         nodes.append(NodeConfig(name=name, host="127.0.0.1", user=sim.login(name).user, port=port, role=node.role,
-                                fast_link="enp1s0f1np1", known_hosts=str(wd / "known_hosts"),
+                                fast_link=_fast_netdev(node), known_hosts=str(wd / "known_hosts"),
                                 identity=str(key_path)))
     kh = wd / "known_hosts"
     kh.write_text("\n".join(kh_lines) + "\n")
-    config = ClusterConfig(nodes=tuple(nodes), name=f"demo-{sim.scenario}", read_only=read_only,
+    twin = getattr(sim, "twin", None)  # a twin of a real cluster is named after it
+    config = ClusterConfig(nodes=tuple(nodes), name=f"twin-{twin.cluster}" if twin else f"demo-{sim.scenario}",
+                           read_only=read_only,
                            services=("nvidia-dgx-dashboard", "ollama"), source="demo",
                            time_scale=sim.clock.speed if not sim.clock.manual else 1.0)
     return DemoCluster(sim=sim, config=config, servers=servers, workdir=wd, key_path=key_path,
                        known_hosts_path=kh, _tmp=tmp)
 
 
+def _fast_netdev(node) -> str:
+    """The node's cabled ConnectX-7 port with an address (a twin's keeps the name its node gave it)."""
+    return next((i.name for i in node.ifaces if i.kind == "cx7" and i.port1 and i.ipv4), "enp1s0f1np1")
+
+
 @contextlib.asynccontextmanager
 async def start_demo_cluster(nodes: int = 2, scenario: str = "story", speed: float = 1.0,
                              clock: SimClock | None = None, seed: int = 1234, read_only: bool = False,
-                             lost_after: float = 20.0) -> AsyncIterator[DemoCluster]:
-    """``async with start_demo_cluster() as demo:`` — a simulated cluster behind SSH, torn down after."""
+                             lost_after: float = 20.0, twin: Any = None) -> AsyncIterator[DemoCluster]:
+    """``async with start_demo_cluster() as demo:`` — a simulated cluster behind SSH, torn down after.
+    ``twin`` (a :class:`~sparkconsole.deploy.twin.Twin`): the cluster is that twin, not a scenario."""
     from sparkconsole.sim.scenarios import build
+    from sparkconsole.sim.twin import build_twin
 
     clock = clock or SimClock(speed=speed)
-    sim = build(scenario, nodes=nodes, clock=clock, seed=seed, lost_after=lost_after)
+    if twin is not None:
+        sim = build_twin(twin, clock=clock, seed=seed)
+    else:
+        sim = build(scenario, nodes=nodes, clock=clock, seed=seed, lost_after=lost_after)
     demo = await start_cluster(sim, read_only=read_only)
     try:
         yield demo

@@ -312,6 +312,11 @@ class Weights(Step):
         self._copies: dict[str, Job] = {}
         self._verdicts: dict[str, weight_files.Verdict] = {}  # what the probe read per node
 
+    @property
+    def verdicts(self) -> dict[str, weight_files.Verdict]:
+        """What the probe read per node (a rehearsal's twin puts the weights where they are whole)."""
+        return dict(self._verdicts)
+
     def _copy_progress(self, node: str, text: str) -> None:
         last = text.strip().splitlines()[-3:]
         if any("rsync error" in x or "ssh: connect to host" in x for x in last):

@@ -175,9 +175,14 @@ class Interp:
         return self.cluster.fs(self.node_name)
 
     def absent(self, name: str) -> bool:
-        """Whether tool ``name`` is missing here (stock host: no ``hf``; see ``HOST_ABSENT``)."""
-        return (name in HOST_ABSENT and not self.cluster.permissive
-                and getattr(self, "container", None) is None)
+        """Whether tool ``name`` is missing here (stock host: no ``hf``; see ``HOST_ABSENT``; a twin
+        of a real node: what its recon found)."""
+        if getattr(self, "container", None) is not None:
+            return False
+        found = self.cluster.nodes[self.node_name].tools.get(name)
+        if found is not None:
+            return not found
+        return name in HOST_ABSENT and not self.cluster.permissive
 
     @property
     def procs(self) -> ProcTable:

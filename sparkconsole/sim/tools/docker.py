@@ -336,6 +336,9 @@ def stop_container(cluster, ct: Container, t: float, code: int, oom_killed: bool
             sub.stopped, sub.exit_code = t, code
             if sub.engine is not None:
                 sub.engine.stop(t)
+    for h in cluster.holders:  # a process of a twin's container (sim/twin.py): it ends with it
+        if h.node == ct.node and h.container == ct.name and (h.curve.end is None or h.curve.end > t):
+            h.curve.end = t
     _ray_leave_container(cluster, ct)
     return True
 

@@ -258,6 +258,7 @@ class NetTools:
             if e is not None and not e.ended(t) and t >= e.started + 20.0:
                 pid = stable_int(2000, 90000, c.id, "hostpid")
                 out.append((e.host, e.port, "vllm" if "python" not in " ".join(c.argv[:2]) else "python3", pid))
+            out.extend((addr, port, name, c.host_pid) for addr, port, name in c.listens)
             if c.kind == "sglang":  # SGLang's --host defaults to 127.0.0.1
                 argv = list(c.argv)
                 out.append((_opt_val(argv, "--host", "127.0.0.1"), int(_opt_val(argv, "--port", "30000")), "python3",
@@ -269,6 +270,7 @@ class NetTools:
                 pid = stable_int(2000, 90000, self.node_name, "gcs", m.node_id)
                 out.append(("0.0.0.0", int(ray.address.rsplit(":", 1)[1]), "gcs_server", pid))
                 out.append((m.dashboard_host, 8265, "python3", pid + 41))
+        out.extend(self.node.listens)  # a twin's listeners that no container owns
         return sorted(out, key=lambda r: r[1])
 
     async def c_ss(self, argv: list[str], io: IO) -> int:

@@ -1,0 +1,141 @@
+"""The twin file: everything a read-only look at a real cluster read, as one JSON document.
+
+A rehearsal (:mod:`sparkconsole.deploy.rehearsal`) reads the operator's cluster without changing it
+and writes this file; :func:`sparkconsole.sim.twin.build_twin` turns it into a simulated cluster that
+the demo's SSH servers serve (``sparkconsole demo --twin FILE``, ``deploy --demo --twin FILE``), so
+the whole deployment can run there first. An operator may attach the file to a bug report: it holds
+what recon read per node (:class:`~sparkconsole.deploy.recon.NodeFacts`: users, sudo, tools, memory
+and who holds it, containers, images, links, MTU, GID indexes, the Hub's reachability, versions) and
+what the plan-only walk found (the model's files on the Hub, where its weights already are), and no
+secret: a Hugging Face token is recorded as present or not, never its value; :func:`check_no_secret`
+refuses to write a document that carries anything shaped like a token or key.
+
+Plain data, free of Textual and of the simulator (the layer rule).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkconsole.deploy.recon import NodeFacts
+from sparkconsole.errors import UserError
+
+TWIN_FORMAT = "sparkconsole-twin"
+TWIN_VERSION = 1
+
+# what a secret looks like, wherever it might hide in node text: Hugging Face tokens (hf_ and 30+
+# characters), OpenAI-style keys (sk-), and the key this tool makes for a served endpoint (scak-)
+SECRET_SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,}|scak-[A-Za-z0-9_-]{16,})")
+
+
+class TwinError(UserError):
+    """A twin file that cannot be read (exit 2, one line)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=2)
+
+
+@dataclass
+class HubFileFacts:
+    """One file of the model's repository as the Hub listed it (path and size)."""
+
+    path: str
+    size: int
+
+
+@dataclass
+class Twin:
+    """The cluster as read: per node its facts, and what the walk learnt about the model."""
+
+    cluster: str
+    model: str
+    read_at: float
+    nodes: list[NodeFacts]
+    # node -> whether the model's weights were whole in its HF cache (the weights step's reading)
+    weights: dict[str, bool] = field(default_factory=dict)
+    hub_files: list[HubFileFacts] = field(default_factory=list)
+    # bytes per second measured without writing (None: not measured; the twin then uses its defaults)
+    measured: dict[str, float | None] = field(default_factory=dict)
+    # what the read-only walk could not check (running an image, say), with what a real run does
+    not_checked: list[str] = field(default_factory=list)
+
+    def node(self, name: str) -> NodeFacts:
+        return next(n for n in self.nodes if n.node == name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": TWIN_FORMAT, "version": TWIN_VERSION, "cluster": self.cluster, "model": self.model,
+            "read_at": self.read_at, "nodes": [n.to_json() for n in self.nodes], "weights": dict(self.weights),
+            "hub_files": [{"path": f.path, "size": f.size} for f in self.hub_files],
+            "measured": dict(self.measured), "not_checked": list(self.not_checked),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "twin") -> Twin:
+        if not isinstance(data, dict) or data.get("format") != TWIN_FORMAT:
+            raise TwinError(f"{source}: not a sparkconsole twin file (no \"format\": \"{TWIN_FORMAT}\")")
+        if data.get("version") != TWIN_VERSION:
+            raise TwinError(f"{source}: twin format version {data.get('version')!r}; this sparkconsole reads "
+                            f"version {TWIN_VERSION}")
+        try:
+            nodes = [NodeFacts.from_json(n) for n in data["nodes"]]
+            twin = cls(cluster=str(data["cluster"]), model=str(data["model"]), read_at=float(data["read_at"]),
+                       nodes=nodes, weights={str(k): bool(v) for k, v in (data.get("weights") or {}).items()},
+                       hub_files=[HubFileFacts(str(f["path"]), int(f["size"])) for f in data.get("hub_files") or []],
+                       measured={str(k): (None if v is None else float(v))
+                                 for k, v in (data.get("measured") or {}).items()},
+                       not_checked=[str(x) for x in data.get("not_checked") or []])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TwinError(f"{source}: a field is missing or of the wrong kind ({type(exc).__name__}: {exc})") from None
+        if not nodes:
+            raise TwinError(f"{source}: the twin has no node")
+        names = [n.node for n in nodes]
+        if len(set(names)) != len(names):
+            raise TwinError(f"{source}: two nodes share a name")
+        return twin
+
+
+def check_no_secret(text: str) -> None:
+    """Refuse a document carrying something shaped like a token or key (it would leave the machine
+    with a bug report): recon records a token's presence only, so this never fires unless node text
+    itself held one (a container named after a key, a listener's command line)."""
+    m = SECRET_SHAPES.search(text)
+    if m:
+        raise UserError(f"the twin would hold something shaped like a secret ({m.group(0)[:5]}…): not written",
+                        exit_code=1)
+
+
+def dumps(twin: Twin) -> str:
+    text = json.dumps(twin.to_json(), indent=1, sort_keys=False)
+    check_no_secret(text)
+    return text + "\n"
+
+
+def save(twin: Twin, path: str | Path) -> Path:
+    """Write the twin whole (a temporary file renamed over the target: never half a file)."""
+    out = Path(path)
+    text = dumps(twin)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    return out
+
+
+def load(path: str | Path) -> Twin:
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise TwinError(f"{p}: no such twin file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TwinError(f"{p}: cannot read it ({exc.__class__.__name__})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise TwinError(f"{p}: not JSON ({exc})") from None
+    return Twin.from_json(data, source=str(p))

@@ -1,0 +1,235 @@
+"""A simulated cluster built from a twin file: the operator's own cluster, as its recon read it.
+
+:func:`build_twin` starts from the stock node of the model (:func:`~sparkconsole.sim.model.make_node`)
+and puts on it what the twin read, node by node: the name, the login account (user, uid, gid,
+groups, home), sudo (a NOPASSWD rule for all, sparkrun's narrow drop-caches rule, or none), the
+host tools found or missing, the Hub's reachability and a token's presence, the images, the
+running containers and the memory they and the GPU processes hold, the ConnectX-7 ports (their
+netdev and RDMA names, IPv4 addresses, MTU, carrier, the RoCE v2 GID index), Docker's image store,
+and the model's weights where the walk found them whole.
+
+What the twin cannot know it takes from the stock model, and says so: :attr:`TwinCluster.invented`
+lists every such fact, and the rehearsal's report carries the list, so a difference between the
+rehearsal and the real run can be traced to a guess and the twin mended. An image outside the
+simulator's catalogue is guessed from its name (the vLLM version of its tag), as the engine step
+guesses before it runs the image's own check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sparkconsole.deploy.engines import version_from_ref, version_tuple
+from sparkconsole.deploy.recon import NodeFacts, normalize_image
+from sparkconsole.deploy.twin import Twin, TwinError
+from sparkconsole.sim.clock import SimClock
+from sparkconsole.sim.model import (
+    DISK_TOTAL,
+    DOCKER_VERSION,
+    DRIVER,
+    GB,
+    GIB,
+    IMAGES,
+    MEM_TOTAL,
+    MODELS,
+    PAGE_CACHE_FLOOR,
+    STOCK_GROUPS,
+    Account,
+    CacheRamp,
+    Container,
+    Curve,
+    Holder,
+    Iface,
+    Image,
+    SimCluster,
+    hf_hub,
+    make_node,
+    stable_hex,
+    stable_int,
+)
+from sparkconsole.sim.scenarios import wire
+
+SUDO_RULES = {"all": [("ALL",)], "drop-caches": [("/usr/bin/tee", "/proc/sys/vm/drop_caches")], "none": []}
+
+
+class TwinCluster(SimCluster):
+    """A :class:`SimCluster` that knows it is a twin: ``invented`` says what it guessed."""
+
+    invented: list[str]
+    twin: Twin
+
+
+def build_twin(twin: Twin, clock: SimClock | None = None, seed: int = 1234) -> TwinCluster:
+    if twin.model not in MODELS:
+        raise TwinError(f"the twin simulates {', '.join(MODELS)} only; {twin.model} is not among them")
+    unreachable = [n.node for n in twin.nodes if not n.reachable]
+    if unreachable:
+        raise TwinError(f"the twin cannot stand in for {', '.join(unreachable)}: recon did not reach it")
+    c = TwinCluster(clock or SimClock(), n_nodes=len(twin.nodes), seed=seed)
+    c.twin = twin
+    c.invented = []
+    wire(c)
+    c.scenario = "twin"
+    c.nodes = {}
+    two = any(sum(1 for lk in f.links if lk.ipv4) > 1 for f in twin.nodes)
+    c.layout = "two-subnet" if two else "netplan-ll"
+    stores = {f.image_store for f in twin.nodes if f.image_store}
+    c.image_store = "overlay2" if stores == {"classic"} else "containerd"
+    if len(stores) > 1:
+        c.invented.append(f"Docker's image store differs between the nodes ({', '.join(sorted(stores))}); "
+                          "the twin uses containerd's on every node")
+    for i, f in enumerate(twin.nodes):
+        n = make_node(i, f.node, internet=f.hub, layout=c.layout)
+        c.nodes[f.node] = n
+        _links(c, i, f)
+        _account(c, f)
+        n.sudo_rules = list(SUDO_RULES.get(f.sudo or "none", []))
+        n.tools = dict(f.tools)
+        if f.token:
+            # a stand-in: the twin file records that a token is there, never its value
+            n.hf_token = "hf_" + stable_hex(34, "twin-token", f.node)
+        n.images = {img.ref: img for img in (_image(c, f.node, x.ref) for x in f.images) if img is not None}
+        if twin.weights.get(f.node):
+            c.seed_model(f.node, twin.model)
+        _holders(c, f)
+        _versions(c, f)
+        _cache_and_disk(c, f)
+    return c
+
+
+def _cache_and_disk(c: TwinCluster, f: NodeFacts) -> None:
+    """The page cache as read (a drop long ago, then what was read since), and the disk's free space
+    as read (what the twin does not model as files is counted as used beside the OS). Which files
+    the page cache holds is not read: the twin counts it as the HF cache's (the running services'
+    weights, as on a Spark that serves models), so evicting the model files evicts it."""
+    if f.page_cache is not None:
+        c.drop_caches(f.node, -7200.0)
+        more = f.page_cache - PAGE_CACHE_FLOOR
+        if more > 0:
+            c.cache_ramps.append(CacheRamp(f.node, -7100.0, -7000.0, float(more), path=hf_hub(c.login(f.node).home)))
+            c.invented.append(f"{f.node}: which files its {f.page_cache / GIB:.1f} GiB of page cache hold; the twin "
+                              "counts them as the HF cache's (evicted with the model files)")
+    if f.disk_free is not None:
+        c.nodes[f.node].disk_extra = max(0, DISK_TOTAL - f.disk_free - c.disk_used(f.node, 0.0))
+        if f.disk_free > DISK_TOTAL:
+            c.invented.append(f"{f.node}: its disk is larger than a Spark's; the twin's holds {DISK_TOTAL / GB:.0f} GB")
+
+
+def _links(c: TwinCluster, index: int, f: NodeFacts) -> None:
+    """The node's ConnectX-7 ports as read: each read netdev takes the place of the stock twin of
+    the same role (port 1 first), with its name, RDMA device, addresses and MTU."""
+    n = c.nodes[f.node]
+    read = [lk for lk in f.links if lk.netdev]
+    if not read:
+        c.invented.append(f"{f.node}: no ConnectX-7 port was read; the twin gives it the stock ports")
+        return
+    ordered = sorted(read, key=lambda lk: (not lk.up, not lk.ipv4, (lk.netdev or "").startswith("enP")))
+    stock = [i for i in n.ifaces if i.kind == "cx7" and i.port1] + [i for i in n.ifaces if i.kind == "cx7"
+                                                                    and not i.port1]
+    swap: dict[str, Iface] = {}
+    for lk, old in zip(ordered, stock, strict=False):
+        swap[old.name] = replace(old, name=lk.netdev or old.name, ipv4=tuple(lk.ipv4), ipv6=(),
+                                 rdma=lk.rdma or None, mtu=lk.mtu or old.mtu, port1=lk.up or old.port1)
+    n.ifaces = tuple(swap.get(i.name, i) for i in n.ifaces)
+    fast = [lk for lk in ordered if lk.up and lk.ipv4]
+    n.fast_ip = fast[0].ipv4[0].split("/")[0] if fast else ""
+    n.fast_ip2 = fast[1].ipv4[0].split("/")[0] if len(fast) > 1 else ""
+    n.port1_up = any(lk.up for lk in read)
+    pins = {lk.gid_v2_index for lk in read if lk.gid_v2_index is not None and lk.gid_v2_index >= 3}
+    if pins:
+        n.gid_v2_index = min(pins)
+    if any(not lk.rdma for lk in read):
+        c.invented.append(f"{f.node}: no RDMA device was read for its fast link; the twin gives it none")
+
+
+def _account(c: TwinCluster, f: NodeFacts) -> None:
+    n = c.nodes[f.node]
+    if not f.user:
+        c.invented.append(f"{f.node}: the login user was not read; the twin logs in as the stock 'nvidia'")
+        return
+    uid = f.uid if f.uid is not None else 1000
+    gid = f.gid if f.gid is not None else uid
+    stock = dict((name, g) for g, name in STOCK_GROUPS)
+    extra = [g for g in f.groups if g != f.user]
+    groups = ((gid, f.groups[0] if f.groups else f.user),
+              *((stock.get(g) or stable_int(2000, 3000, "group", g), g) for g in extra if g != (f.groups or [""])[0]))
+    home = f.home or ("/root" if uid == 0 else f"/home/{f.user}")
+    n.account = Account(f.user, uid, gid, groups, home)
+    n.user = f.user
+    n.docker_group = "docker" in f.groups or uid == 0
+    if extra and any(g not in stock for g in extra):
+        c.invented.append(f"{f.node}: the ids of groups {', '.join(g for g in extra if g not in stock)} "
+                          "(recon reads their names)")
+    if f.hf_home and f.hf_home.rstrip("/") != f"{home.rstrip('/')}/.cache/huggingface":
+        c.invented.append(f"{f.node}: HF_HOME is {f.hf_home} there; the twin keeps the cache under {home}")
+
+
+def _image(c: TwinCluster, node: str, ref: str) -> Image | None:
+    ref = normalize_image(ref)
+    known = IMAGES.get(ref)
+    if known is not None:
+        return known
+    version = version_from_ref(ref) or ""
+    c.invented.append(f"{node}: image {ref} is not in the twin's catalogue; what it holds is guessed from its "
+                      f"name ({'vLLM ' + version if version else 'no vLLM'}); the real run checks it")
+    return Image(ref, version, int(20 * GB), "", bool(version) and version_tuple(version) >= (0, 16),
+                 entrypoint=("vllm", "serve") if version else ())
+
+
+def _holders(c: TwinCluster, f: NodeFacts) -> None:
+    """Each running container as a container holding what ``docker stats`` said, and each GPU process
+    as a process holding what ``--query-compute-apps`` said, in its container where one owns it."""
+    t0 = -3600.0
+    running = {str(ct.get("name")): ct for ct in f.containers if ct.get("state") == "running" and ct.get("name")}
+    listens: dict[str, list[tuple[str, int, str]]] = {}
+    for lst in f.listeners:
+        if lst.container in running:
+            listens.setdefault(lst.container, []).append((lst.address, lst.port, lst.process or "?"))
+        elif lst.port not in STOCK_PORTS:
+            c.nodes[f.node].listens.append((lst.address, lst.port, lst.process or "?", lst.pid or 0))
+    # docker ps lists the newest first (the sim: the last added first): the order read is kept, and
+    # the age its status says
+    for k, (name, ct) in enumerate(reversed(running.items())):
+        image = normalize_image(str(ct.get("image") or "unknown:latest"))
+        started = -(up_seconds(str(ct.get("status") or "")) or 3600.0) + k * 1e-3
+        c.add_container(Container(id=stable_hex(64, f.node, name, "twin"), name=name, image=image, argv=(),
+                                  node=f.node, created=started - 2.0, started=started,
+                                  host_rss=int(ct.get("mem") or 0), cpu_pct=float(ct.get("cpu") or 0.0),
+                                  listens=tuple(listens.get(name, ()))))
+    for k, h in enumerate(x for x in f.holders if x.kind == "process"):
+        owner = h.detail.removeprefix("container ") if h.detail.startswith("container ") else None
+        if owner is not None and owner not in running:
+            owner = None
+        pid = int(h.detail[4:]) if h.detail.startswith("pid ") and h.detail[4:].isdigit() else \
+            stable_int(2000, 400_000, f.node, "twin-pid", k)
+        c.holders.append(Holder(node=f.node, pid=pid, name=h.name, curve=Curve([(t0, float(h.bytes))]),
+                                container=owner))
+        if owner is None and not h.detail.startswith("container "):
+            c.invented.append(f"{f.node}: {h.name} ({h.bytes / GIB:.1f} GiB) runs outside any container there "
+                              "(a host process or a unit); the twin keeps it but cannot stop it")
+    if f.mem_total and abs(f.mem_total - MEM_TOTAL) > 0.01 * MEM_TOTAL:
+        c.invented.append(f"{f.node}: its memory is {f.mem_total / GIB:.1f} GiB; the twin's is a GB10's "
+                          f"{MEM_TOTAL / GIB:.1f} GiB")
+
+
+STOCK_PORTS = (22, 53, 11000)  # what every simulated node listens on (sshd, resolved, the DGX dashboard)
+_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800, "month": 2592000}
+
+
+def up_seconds(status: str) -> float | None:
+    """How long docker's status says a container has been up: ``Up 25 hours``, ``Up About an hour``,
+    ``Up 3 minutes (healthy)``, ``Up Less than a second``; None for anything else."""
+    import re
+
+    m = re.match(r"Up (?:(About an?|Less than an?|\d+) )?(second|minute|hour|day|week|month)s?", status)
+    if not m:
+        return None
+    count = 1 if m.group(1) is None or not m.group(1)[0].isdigit() else int(m.group(1))
+    return float(count * _UNITS[m.group(2)])
+
+
+def _versions(c: TwinCluster, f: NodeFacts) -> None:
+    if f.driver and f.driver != DRIVER:
+        c.invented.append(f"{f.node}: driver {f.driver} there; the twin's nvidia-smi says {DRIVER}")
+    if f.docker and f.docker != DOCKER_VERSION:
+        c.invented.append(f"{f.node}: Docker {f.docker} there; the twin's says {DOCKER_VERSION}")
