@@ -29,7 +29,7 @@ def _reference(f: NodeFacts, need: int) -> tuple[str, ...]:
     for k in range(1, len(names) + 1):
         fits = [c for c in _COMBINATIONS(names, k) if avail + sum(held[n] for n in c) >= need]
         if fits:
-            return min(fits, key=lambda c: (round(sum(held[n] for n in c) / GIB), sum(cpu.get(n, 0.0) for n in c), c))
+            return min(fits, key=lambda c: (sum(round(held[n] / GIB) for n in c), sum(cpu.get(n, 0.0) for n in c), c))
     return tuple(names)
 
 

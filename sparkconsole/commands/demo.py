@@ -48,6 +48,8 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--read-only", action="store_true", help="the console refuses every change")
     p.add_argument("--no-serving", dest="serving", action="store_false",
                    help="turn the serving poll off (no engine discovery, no /metrics reads)")
+    p.add_argument("--twin", metavar="FILE", default=None,
+                   help="the cluster is this twin file (written by `deploy --rehearse`), not a scenario")
     p.add_argument("--inventory", metavar="FILE", default=None,
                    help="with --serve: where to write the cluster's config file (default: in the demo's directory)")
     p.set_defaults(func=run)
@@ -62,6 +64,11 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    if args.twin:
+        from sparkconsole.deploy.twin import load
+
+        args.twin = load(args.twin)  # a bad file: one line, exit 2, before anything starts
+        args.nodes = len(args.twin.nodes)
     if args.serve:
         try:
             asyncio.run(_serve(args))
@@ -70,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from sparkconsole.ui.app import DemoOptions, run_console
 
-    opts = DemoOptions(nodes=args.nodes, scenario=args.scenario, speed=args.speed, read_only=bool(args.read_only))
+    opts = DemoOptions(nodes=args.nodes, scenario=args.scenario, speed=args.speed, read_only=bool(args.read_only),
+                       twin=args.twin)
     with _workdirs_removed_on_signal():
         return run_console(demo=opts, serving=args.serving)
 
@@ -115,9 +123,12 @@ async def _serve(args: argparse.Namespace) -> None:
 
     stop = _stop_on_signals()
     async with start_demo_cluster(nodes=args.nodes, scenario=args.scenario, speed=args.speed,
-                                  read_only=args.read_only) as demo:
-        print(f"Simulated cluster '{args.scenario}' with {args.nodes} Spark(s), speed x{args.speed:g}. "
+                                  read_only=args.read_only, twin=args.twin) as demo:
+        what = f"a twin of '{args.twin.cluster}'" if args.twin else f"'{args.scenario}'"
+        print(f"Simulated cluster {what} with {args.nodes} Spark(s), speed x{args.speed:g}. "
               "Reach each node with OpenSSH:")
+        for line in getattr(demo.sim, "invented", []):
+            print(f"  (invented: {line})")
         for line in demo.ssh_commands():
             print("  " + line)
         inv = demo.write_inventory(getattr(args, "inventory", None))

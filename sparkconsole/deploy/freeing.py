@@ -96,12 +96,16 @@ def container_bytes(f: NodeFacts) -> dict[str, int]:
     return out
 
 
+CPU_STEP = 5.0  # busy-ness counts in steps of this many percent of a core
+
+
 def busy(f: NodeFacts) -> dict[str, float]:
-    """Each service's CPU share in whole percent: a fraction of a percent moves from one read to the
-    next (two idle services read 0.51 % and 0.77 % one second and the other way round the next), so
-    it must not decide; the name does then, and the same cluster gets the same answer every time
-    (its twin too: a rehearsal and the real run recommend the same set)."""
-    return {c["name"]: float(round(float(c.get("cpu") or 0.0))) for c in f.containers if c.get("name")}
+    """Each service's CPU share in steps of :data:`CPU_STEP` percent: an idle service reads anywhere
+    between 0.4 % and 1.5 % from one second to the next (two idle services swap places between
+    reads), so such a difference must not decide; the name does then, and the same cluster gets the
+    same answer every time (its twin too: a rehearsal and the real run recommend the same set). A
+    service that serves (tens of percent) still counts as busier than an idle one."""
+    return {c["name"]: CPU_STEP * round(float(c.get("cpu") or 0.0) / CPU_STEP) for c in f.containers if c.get("name")}
 
 
 def choose(f: NodeFacts, need: int, keep: frozenset[str] = frozenset()) -> Choice:
@@ -138,10 +142,16 @@ def fewest(sizes: Iterable[int], deficit: int) -> int | None:
 
 
 def _key(chosen: Iterable[str], held: Mapping[str, int], cpu: Mapping[str, float]) -> tuple[int, float, tuple[str, ...]]:
-    """The order between sets of one size: the least memory (in whole GiB: a few MiB do not decide),
-    then the least busy, then by name (the same answer on every run)."""
+    """The order between sets of one size: the least memory (each service's in whole GiB: a few MiB,
+    which move between reads, do not decide; rounded per service, not per set, so two services of
+    the same size tie whatever the others hold), then the least busy, then by name (the same answer
+    on every run)."""
     c = tuple(sorted(chosen))
-    return round(sum(held[n] for n in c) / GIB), sum(cpu.get(n, 0.0) for n in c), c
+    return sum(_gib(held[n]) for n in c), sum(cpu.get(n, 0.0) for n in c), c
+
+
+def _gib(b: float) -> int:
+    return round(b / GIB)
 
 
 def _every_set(names: list[str], k: int, held: Mapping[str, int], cpu: Mapping[str, float],
@@ -217,6 +227,9 @@ def _bounded_search(names: list[str], k: int, held: Mapping[str, int], cpu: Mapp
     pre = [0]
     for b in size:
         pre.append(pre[-1] + b)
+    qpre = [0]  # the same in the key's whole GiB (sizes descend, so their rounded values do too)
+    for b in size:
+        qpre.append(qpre[-1] + _gib(b))
     # the least CPU any m of items[i:] add: the sorted loads of each suffix, summed
     calm = []
     for i in range(n + 1):
@@ -230,7 +243,7 @@ def _bounded_search(names: list[str], k: int, held: Mapping[str, int], cpu: Mapp
     visited = 0
     chosen: list[int] = []
 
-    def walk(i: int, total: int, busy_sum: float) -> None:
+    def walk(i: int, total: int, busy_sum: float, qtotal: int = 0) -> None:
         nonlocal best, visited
         visited += 1
         if visited > budget:
@@ -243,14 +256,16 @@ def _bounded_search(names: list[str], k: int, held: Mapping[str, int], cpu: Mapp
             return
         if n - i < m or total + pre[i + m] - pre[i] < deficit:
             return  # the m largest left do not make it fit
-        low_gib = round(max(deficit, total + pre[n] - pre[n - m]) / GIB)
+        # the least the key's memory can be: the m smallest left, or what still has to be freed less
+        # half a GiB per service (a service's whole GiB is at least its size less half a GiB)
+        low_gib = qtotal + max(qpre[n] - qpre[n - m], math.ceil((deficit - total) / GIB - 0.5 * m))
         low_cpu = busy_sum + calm[i][m]
         if low_gib > best[0] or (low_gib == best[0] and low_cpu > best[1] + 1e-9):
             return
         chosen.append(i)
-        walk(i + 1, total + size[i], busy_sum + load[i])
+        walk(i + 1, total + size[i], busy_sum + load[i], qtotal + _gib(size[i]))
         chosen.pop()
-        walk(i + 1, total, busy_sum)
+        walk(i + 1, total, busy_sum, qtotal)
 
     try:
         walk(0, 0, 0.0)

@@ -308,6 +308,9 @@ def _duration(s: float | None) -> str:
     return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{m} min {sec:02d} s"
 
 
+LONG = 96  # a command longer than this is shown by its start and its summary in the plain report
+
+
 def format_report(r: Rehearsal) -> list[str]:
     """The rehearsal in words, step by step (plain text; node text is cleaned by the caller)."""
     lines = [f"rehearsal of {r.twin.model} on a twin of {r.twin.cluster} "
@@ -315,6 +318,8 @@ def format_report(r: Rehearsal) -> list[str]:
              f"  estimated {_duration(r.total_s)} in all; the twin ran it in {r.wall_s:.1f} s"]
     for s in r.steps:
         mark = {"done": "✓", "skipped": "·", "failed": "✗", "waiting": "?"}.get(s.state, " ")
+        if s.state == "failed" and s.note.startswith("back to"):
+            mark = "↺"  # the flow went back to an earlier step: a detour, not the end
         lines.append(f"{mark} {s.step:<12} {_duration(s.seconds):>12}  {s.note}".rstrip())
         for d in s.decisions:
             lines.append(f"    ? {d.id}: {d.title}")
@@ -324,8 +329,10 @@ def format_report(r: Rehearsal) -> list[str]:
             if p.mutating:
                 by_node.setdefault(p.node, []).append(p)
         for node, cmds in by_node.items():
-            for p in cmds:
+            for p in cmds:  # a long one (a detached job's script) by its start and what it does; --json has it whole
                 first = p.command.splitlines()[0] if p.command else ""
+                if len(first) > LONG or "\n" in p.command:
+                    first = first[:LONG].rstrip() + f" … ({p.summary or 'more'})"
                 lines.append(f"    {node} $ {first}")
         for f in s.failures:
             lines.append(f"    ! {f}")

@@ -103,6 +103,7 @@ class DemoOptions:
     speed: float = 1.0
     sim_clock: Any = None  # a sparkconsole.sim clock for tests (manual time)
     read_only: bool = False
+    twin: Any = None  # a sparkconsole.deploy.twin.Twin: the cluster is that twin, not a scenario
 
 
 def _docker_verb(action: str) -> str:
@@ -230,7 +231,8 @@ class SparkConsoleApp(App[int]):
             from sparkconsole.sim import start_demo_cluster
 
             kwargs: dict[str, Any] = {"nodes": self.demo.nodes, "scenario": self.demo.scenario,
-                                      "speed": self.demo.speed, "read_only": self.demo.read_only}
+                                      "speed": self.demo.speed, "read_only": self.demo.read_only,
+                                      "twin": self.demo.twin}
             if self.demo.sim_clock is not None:
                 kwargs["clock"] = self.demo.sim_clock
             try:
@@ -262,7 +264,8 @@ class SparkConsoleApp(App[int]):
 
     def _subtitle(self) -> str:
         mode = " · READ-ONLY" if self.config.read_only else ""
-        demo = f" · demo: {self.demo.scenario}" if self.demo else ""
+        demo = (f" · twin of {self.demo.twin.cluster}" if self.demo and self.demo.twin is not None
+                else f" · demo: {self.demo.scenario}" if self.demo else "")
         count = len(self.config.nodes)
         return f"{self.config.name} · {count} node{'' if count == 1 else 's'}{demo}{mode}"
 
