@@ -491,6 +491,36 @@ def hub_file(model: str, filename: str, revision: str = "main") -> RemoteScript:
     return _hub_curl(command("curl", "-sSfL", "--max-time", "20"), path, auth=True)
 
 
+HUB_PROBE_BYTES = 64 << 20  # a rehearsal's read of the Hub: 64 MiB, a few seconds on a home line
+
+
+def hub_read_rate(model: str, filename: str, nbytes: int = HUB_PROBE_BYTES) -> RemoteScript:
+    """A bounded ranged read of one of ``model``'s files from the Hub, thrown away (``-o /dev/null``:
+    nothing is written): ``BYTES FIRST_BYTE_S TOTAL_S``, so the rate is the bytes over the time after
+    the first byte (what a long download sees). With the node's token, as the download has it."""
+    if not re.fullmatch(r"[A-Za-z0-9._/-]{1,256}", filename) or ".." in filename.split("/"):
+        raise ValidationError(f"not a Hub file: {filename!r}")
+    if not 1 <= nbytes <= 1 << 31:
+        raise ValidationError(f"a Hub read of {nbytes} bytes")
+    path = f"/{validate_model_id(model)}/resolve/main/{filename}"
+    return _hub_curl(command("curl", "-sSL", "-r", f"0-{nbytes - 1}", "-o", "/dev/null", "-w",
+                             "%{size_download} %{time_starttransfer} %{time_total}\\n", "--max-time", "20"),
+                     path, summary=f"read {nbytes >> 20} MiB of {filename} from the Hub (measure; nothing kept)",
+                     auth=True)
+
+
+def parse_read_rate(text: str) -> float | None:
+    """``BYTES FIRST_BYTE_S TOTAL_S`` (curl's -w) → bytes per second after the first byte; None when
+    it did not read enough to tell (under 1 MiB, or no time)."""
+    words = text.strip().splitlines()[-1].split() if text.strip() else []
+    try:
+        n, first, total = float(words[0]), float(words[1]), float(words[2])
+    except (IndexError, ValueError):
+        return None
+    span = total - first
+    return n / span if n >= 1 << 20 and span > 0 else None
+
+
 def hf_download(model: str) -> RemoteCommand:
     """``hf download MODEL``: the token, if any, is read by ``hf`` from the node's own files."""
     m = validate_model_id(model)

@@ -25,8 +25,10 @@ from sparkconsole.deploy.recon import Holder, Listener, NodeFacts
 from sparkconsole.deploy.rehearsal import TWIN_SPEED, load_answers, read_cluster, rehearse_on_twin
 from sparkconsole.errors import UserError
 from sparkconsole.journal import Journal
+from sparkconsole.remote import hub_read_rate, parse_read_rate
 from sparkconsole.sim import start_demo_cluster
 from sparkconsole.sim.clock import SimClock
+from sparkconsole.sim.model import INTERNET_BPS
 from sparkconsole.sim.shell import Shell
 from sparkconsole.sim.twin import build_twin, up_seconds
 
@@ -94,6 +96,8 @@ async def test_the_read_only_walk_changes_nothing_and_the_twin_meets_the_story_s
     assert any("own Python" in x for x in twin.not_checked)  # the engine check needs a container
     assert twin.measured["command_s"] is not None
 
+    # the Hub's rate, read as a bounded ranged read to /dev/null on the node that downloads
+    assert twin.measured["hub_download"] == pytest.approx(INTERNET_BPS, rel=0.05)
     path = T.save(twin, tmp_path / "twin.json")
     token = demo.sim.nodes["spark-1a32"].hf_token
     assert token and token not in path.read_text() and twin.nodes[0].token  # its presence only
@@ -106,7 +110,24 @@ async def test_the_read_only_walk_changes_nothing_and_the_twin_meets_the_story_s
     weights = next(s for s in r.steps if s.step == "weights")
     assert 17 * 60 < (weights.seconds or 0) < 22 * 60
     assert r.critical_path()[0].step == "weights"
-    assert any("not measured" in x for x in r.invented)
+    assert any("fast link copy" in x and "not measured" in x for x in r.invented)
+    assert not any("hub download" in x for x in r.invented)  # measured
+
+    # a line half as fast: the download, the critical path, takes about twice as long
+    slow = T.load(path)
+    slow.measured["hub_download"] = INTERNET_BPS / 2
+    r2 = await rehearse_on_twin(slow, OPTIONS, {"free-memory.stop": r.answers()["free-memory.stop"]})
+    weights2 = next(s for s in r2.steps if s.step == "weights")
+    assert (weights2.seconds or 0) == pytest.approx(2 * (weights.seconds or 0), rel=0.1)
+
+
+def test_a_hub_read_is_bounded_and_written_nowhere():
+    cmd = hub_read_rate(DEFAULT_MODEL, "model-00001-of-00040.safetensors").shell()
+    assert "-r 0-67108863" in cmd and "-o /dev/null" in cmd and "--max-time 20" in cmd
+    assert parse_read_rate("67108864 0.180000 0.779000\n") == pytest.approx(67108864 / 0.599)
+    assert parse_read_rate("1024 0.1 0.2") is None and parse_read_rate("curl: (6) no host") is None
+    with pytest.raises(UserError):
+        hub_read_rate(DEFAULT_MODEL, "../../etc/passwd")
 
 
 def _facts(**over) -> NodeFacts:

@@ -158,6 +158,8 @@ def rates_used(twin: Twin) -> dict[str, dict[str, Any]]:
     from sparkconsole.sim.model import FAST_LINK_RSYNC_BPS, IMAGE_COPY_BPS, INTERNET_BPS
 
     defaults = {"hub_download": INTERNET_BPS, "fast_link_copy": FAST_LINK_RSYNC_BPS, "image_copy": IMAGE_COPY_BPS}
+    # the fast link is not measured yet: rsync over ssh on it is ssh-bound (the twin's figure is a
+    # Spark pair's); a bounded read over the link is the next step
     out = {}
     for name, bps in defaults.items():
         got = twin.measured.get(name)
@@ -243,6 +245,7 @@ async def read_cluster(config: ClusterConfig, options: Options, presets: dict[st
                 read_only=True, plan_only=True, lock=False) as session:
             await run_flow(session.flow, on_plan=col.plan)
             flow = session.flow
+            hub_bps = await _measure_hub(flow)
             facts = [flow.facts[n.name] for n in config.nodes if n.name in flow.facts]
             plan = flow.plan
             verdicts = flow.step("weights").verdicts  # type: ignore[attr-defined]
@@ -252,7 +255,22 @@ async def read_cluster(config: ClusterConfig, options: Options, presets: dict[st
                 weights={n: v.complete for n, v in verdicts.items()} or {k: bool(v) for k, v in plan.weights_ok.items()},
                 hub_files=[HubFileFacts(f.path, f.size) for f in plan.hub_files],
                 not_checked=list(dict.fromkeys(not_checked)),
-                measured={"command_s": round(took[len(took) // 2], 3) if took else None})
+                measured={"command_s": round(took[len(took) // 2], 3) if took else None, "hub_download": hub_bps})
+
+
+async def _measure_hub(flow: Any) -> float | None:
+    """The Hub's rate as the node that will download sees it: a bounded ranged read of the model's
+    largest file to /dev/null (:func:`remote.hub_read_rate`), read-only. None where no node reaches
+    the Hub or the read said too little."""
+    from sparkconsole.remote import hub_read_rate, parse_read_rate
+
+    online = next((n for n in flow.nodes if n in flow.facts and flow.facts[n].hub), None)
+    files = sorted(flow.plan.hub_files, key=lambda f: -f.size)
+    if online is None or not files:
+        return None
+    res = await flow.runner.read(online, hub_read_rate(flow.options.model, files[0].path))
+    rate = parse_read_rate(res.stdout) if res.ok else None
+    return None if rate is None else round(rate)
 
 
 async def rehearse_on_twin(twin: Twin, options: Options, presets: dict[str, str], *, until: str | None = None,

@@ -1001,6 +1001,10 @@ class SimCluster:
         self.permissive = False
         self.layout = "netplan-ll"
         self.image_store = "containerd"
+        # bytes per second of sim time from the Hub and over the fast link (rsync over ssh): the
+        # defaults are a Spark pair's; a twin takes what its rehearsal measured (sim/twin.py)
+        self.internet_bps = float(INTERNET_BPS)
+        self.fast_bps = float(FAST_LINK_RSYNC_BPS)
 
     def login(self, node: str) -> Account:
         """Who ``node``'s SSH sessions run as: on a stock node the first-boot user (``nvidia``, uid

@@ -70,6 +70,8 @@ def build_twin(twin: Twin, clock: SimClock | None = None, seed: int = 1234) -> T
     c.invented = []
     wire(c)
     c.scenario = "twin"
+    if twin.measured.get("hub_download"):
+        c.internet_bps = float(twin.measured["hub_download"])  # what the rehearsal read from the Hub
     c.nodes = {}
     two = any(sum(1 for lk in f.links if lk.ipv4) > 1 for f in twin.nodes)
     c.layout = "two-subnet" if two else "netplan-ll"

@@ -62,7 +62,6 @@ from sparkconsole.sim.model import (
     DOCKER_VERSION,
     IMAGE_COPY_BPS,
     IMAGES,
-    INTERNET_BPS,
     MODELS,
     ROOT,
     CacheRamp,
@@ -1283,7 +1282,7 @@ class DockerTools:
         layers = [lay[7:19] for lay in img.layers]
         for lay in layers:
             io.out(f"{lay}: Pulling fs layer\n")
-        tr = Transfer("image", ref, None, self.node_name, self.now(), img.size_bytes, INTERNET_BPS)
+        tr = Transfer("image", ref, None, self.node_name, self.now(), img.size_bytes, self.cluster.internet_bps)
         self.cluster.transfers.append(tr)
         for k, lay in enumerate(layers):
             try:

@@ -19,7 +19,6 @@ import asyncio
 
 from sparkconsole.sim import vllm_logs
 from sparkconsole.sim.model import (
-    INTERNET_BPS,
     MODELS,
     CacheRamp,
     repo_files,
@@ -114,14 +113,14 @@ class HfTools:
         done = total - len(todo)
         t0 = self.now()
         remaining = sum(f.size for f in todo)
-        ramp = CacheRamp(self.node_name, t0, t0 + remaining / INTERNET_BPS, remaining, path=node_path(fs, base))
+        ramp = CacheRamp(self.node_name, t0, t0 + remaining / self.cluster.internet_bps, remaining, path=node_path(fs, base))
         self.cluster.cache_ramps.append(ramp)
         moved = 0
         desc = f"Fetching {total} files"
 
         def bar() -> str:
             el = max(0.001, self.now() - t0)
-            left = (remaining - moved) / INTERNET_BPS
+            left = (remaining - moved) / self.cluster.internet_bps
             return "\r" + vllm_logs.tqdm_bar(desc, done, total, el).replace("<00:00", "<" + vllm_logs.fmt_interval(left))
 
         io.err(bar())
@@ -131,10 +130,10 @@ class HfTools:
                 ent = fs.put_blob(part, 0, None)  # a partial file is discarded: start this one again
                 got = 0
                 while got < f.size:
-                    step = min(STEP_S, (f.size - got) / INTERNET_BPS)
+                    step = min(STEP_S, (f.size - got) / self.cluster.internet_bps)
                     before = self.now()
                     await self.clock.sleep(step)
-                    n = min(f.size - got, int((self.now() - before) * INTERNET_BPS) or f.size - got)
+                    n = min(f.size - got, int((self.now() - before) * self.cluster.internet_bps) or f.size - got)
                     got += n
                     moved += n
                     ent.size = got

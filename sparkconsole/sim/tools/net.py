@@ -298,7 +298,7 @@ class NetTools:
     async def c_curl(self, argv: list[str], io: IO) -> int:
         value_opts = {"-o", "--output", "-w", "--write-out", "--max-time", "-m", "-X", "--request", "-H", "--header",
                       "-d", "--data", "--data-raw", "--data-binary", "--connect-timeout", "-u", "--user", "-A",
-                      "--retry", "-x", "--stderr"}
+                      "--retry", "-x", "--stderr", "-r", "--range"}
         flags: set[str] = set()
         opts: dict[str, str] = {}
         headers: list[str] = []  # every -H, in order (``@-``: lines from stdin, ``@FILE``: from a file)
@@ -394,6 +394,15 @@ class NetTools:
                 await self.clock.sleep(0.02)
                 return error(6, f"Could not resolve host: {host}")
             await self.clock.sleep(0.18)
+            rng = opts.get("-r", opts.get("--range"))
+            ranged = _hub_range(path, rng) if rng else None
+            if ranged is not None:  # a bounded read of a weight file (a rehearsal measuring the line)
+                n = ranged
+                await self.clock.sleep(n / self.cluster.internet_bps)
+                if write_out is not None:
+                    io.out(_write_out(write_out, 206).replace("%{size_download}", str(n)).replace(
+                        "%{time_starttransfer}", "0.180000").replace("%{time_total}", f"{0.18 + n / self.cluster.internet_bps:.6f}"))
+                return 0
             status, body = _hub_answer(path, query)
         else:
             mt = opts.get("--max-time", opts.get("-m"))
@@ -497,6 +506,20 @@ def _write_out(fmt: str, status: int) -> str:
     """curl's ``-w``: ``%{http_code}`` (``000`` without a response) and the escapes ``\\n``."""
     out = fmt.replace("%{http_code}", f"{status:03d}").replace("%{response_code}", f"{status:03d}")
     return out.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def _hub_range(path: str, rng: str) -> int | None:
+    """``curl -r A-B`` of a file the Hub holds for a model of the catalogue: the bytes it sends (the
+    range, cut at the file's end); None for anything else (answered as a whole request)."""
+    r = re.match(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)$", path)
+    m = re.fullmatch(r"(\d+)-(\d*)", rng)
+    if not r or not m or r.group(1) not in MODELS:
+        return None
+    f = next((x for x in repo_files(MODELS[r.group(1)]) if x.path == r.group(2)), None)
+    if f is None:
+        return None
+    lo, hi = int(m.group(1)), int(m.group(2)) if m.group(2) else f.size - 1
+    return max(0, min(hi, f.size - 1) - lo + 1)
 
 
 def _hub_answer(path: str, query: str) -> tuple[int, str]:

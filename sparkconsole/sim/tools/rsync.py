@@ -17,7 +17,7 @@ import fnmatch
 import posixpath
 import re
 
-from sparkconsole.sim.model import FAST_LINK_RSYNC_BPS, LAN_RSYNC_BPS, CacheRamp, stable_hex
+from sparkconsole.sim.model import LAN_RSYNC_BPS, CacheRamp, stable_hex
 from sparkconsole.sim.sh.interp import IO
 from sparkconsole.sim.tools.common import _opt_val, _progress2, _ssh_user
 from sparkconsole.sim.vfs import VFS, FsError, Inode
@@ -205,7 +205,7 @@ class RsyncTools:
         files = [p for p in plan if p[1] == "file"]
         total = sum(e.nbytes() for _r, _k, e in files)
         fast = host is not None and host.split("@")[-1] in (dst_node.fast_ip, dst_node.fast_ip2)
-        rate = FAST_LINK_RSYNC_BPS if fast or host is None else LAN_RSYNC_BPS
+        rate = self.cluster.fast_bps if fast or host is None else LAN_RSYNC_BPS
         await self.clock.sleep(0.3)
 
         # transfers
