@@ -227,11 +227,21 @@ def test_the_cli_rehearses_writes_the_twin_and_its_answers_lead_the_real_run(tmp
     assert summary["answers"]["plan.layout"] == "tp2"
     report = twin_file.with_name("story-twin.rehearsal.json")
     assert load_answers(report) == summary["answers"]
-    # the twin opens as the demo's cluster, and the real run takes the rehearsal's answers
-    out = _cli("deploy", "--demo", "--twin", str(twin_file), "--answers-from", str(report), "--until", "plan",
-               "--yes", cwd=tmp_path)
+    # the twin opens as the demo's cluster (named after the cluster it copies, apart from it)
+    out = _cli("deploy", "--demo", "--twin", str(twin_file), "--until", "recon", "--yes", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "on spark-1a32, spark-5be3" in out.stdout and "twin-demo-story" not in out.stderr
+    # the real run (here the story cluster again) takes the rehearsal's answers
+    out = _cli("deploy", "--demo", "--answers-from", str(report), "--until", "plan", "--yes", cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "plan.layout" in out.stdout and "→ tp2 (preset" in out.stdout
+    # and afterwards, where the real run differed from the rehearsal (it stopped after plan: the rest
+    # is not reached yet, and nothing it sent was unforeseen)
+    out = _cli("deploy", "--compare-rehearsal", str(report), "--json", cwd=tmp_path)
+    assert out.stdout.strip(), out.stderr
+    cmp = json.loads(out.stdout)
+    assert out.returncode == 0 and cmp["agrees"], out.stdout + out.stderr
+    assert cmp["same_decisions"] == 1 and "free-memory.stop" in cmp["not_reached"] and cmp["unforeseen"] == []
 
 
 @pytest.mark.parametrize(("args", "words"), [
@@ -250,3 +260,31 @@ def test_bad_rehearsal_flags_are_one_line(tmp_path, args, words):
 def test_the_twin_can_be_built_for_catalogue_models_only():
     with pytest.raises(T.TwinError, match="simulates"):
         build_twin(T.Twin("lab", "sclab/tiny-qwen3", 0.0, [_facts()]))
+
+
+def test_the_comparison_names_what_reality_did_otherwise():
+    from sparkconsole.deploy.compare import compare, format_comparison
+    from sparkconsole.deploy.state import DeploymentState
+    from sparkconsole.journal import JournalEntry
+
+    report = {"event": "rehearsal", "cluster": "sparks", "model": DEFAULT_MODEL,
+              "answers": {"plan.layout": "tp2", "free-memory.stop": "spark-a:reranker"},
+              "estimates": {"steps": {"free-memory": 2.0}},
+              "events": [{"event": "step", "step": "free-memory", "state": "done"},
+                         {"event": "planned", "step": "free-memory", "node": "spark-a",
+                          "command": "docker stop reranker", "mutating": True}]}
+    st = DeploymentState.new(DEFAULT_MODEL, {}, "sparks")
+    st.answers = {"plan.layout": "tp2", "free-memory.stop": "spark-a:embeddings"}
+    st.steps = {"free-memory": "done"}
+    st.result = "served"
+    journal = [JournalEntry("2026-12-02T10:00:00+00:00", "spark-a", "docker stop embeddings", "stop", 0, 1.0,
+                            deployment=st.id, step="free-memory"),
+               JournalEntry("2026-12-02T10:00:01+00:00", "spark-a", "docker stop other", "stop", 0, 1.0,
+                            deployment="another", step="free-memory")]
+    c = compare(report, st, journal)
+    assert not c.agrees and c.same_decisions == 1
+    assert c.decisions == ["free-memory.stop: rehearsal spark-a:reranker, real spark-a:embeddings"]
+    assert c.unforeseen == [("free-memory", "spark-a", "docker stop embeddings")]
+    assert c.not_sent == [("free-memory", "spark-a", "docker stop reranker")]
+    text = "\n".join(format_comparison(c))
+    assert "reality differed" in text and "+ free-memory spark-a $ docker stop embeddings" in text

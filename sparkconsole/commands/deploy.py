@@ -71,6 +71,8 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
                    "(default: the state folder's twins/)")
     p.add_argument("--answers-from", metavar="REPORT", help="take the decisions' answers from a rehearsal's "
                    "report (*.rehearsal.json); --answer still wins")
+    p.add_argument("--compare-rehearsal", metavar="REPORT", help="after the real run: where it differed from the "
+                   "rehearsal's report (decisions, step outcomes, changes, time per step)")
     p.add_argument("--twin", metavar="FILE", help="with --demo: the simulated cluster is this twin file "
                    "(written by --rehearse), not a scenario")
     p.add_argument("--json", action="store_true", help="one JSON object per event, one per line")
@@ -214,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
 
         presets = {**load_answers(args.answers_from), **presets}
     printer = Printer(args.json, args.verbose)
+    if args.compare_rehearsal:
+        return _compare(args)
     if args.twin:
         from sparkconsole.deploy.twin import load
 
@@ -321,6 +325,34 @@ async def _rehearse(args: argparse.Namespace, presets: dict[str, str]) -> int:
     say(f"report written: {report}; the real run takes its answers with: sparkconsole deploy "
         f"{_cluster_flags(args)}--answers-from {report}")
     return 0 if r.result.ok else 1
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """``--compare-rehearsal REPORT``: the newest deployment of the report's cluster and model (or
+    ``--resume ID``'s) against the report. Exit 0 when the rehearsal foresaw it, 1 when it differed."""
+    from sparkconsole.deploy.compare import compare, format_comparison
+    from sparkconsole.deploy.rehearsal import load_report
+    from sparkconsole.deploy.state import StateStore
+    from sparkconsole.journal import read_journal
+    from sparkconsole.logs.follow import display_text
+
+    report = load_report(args.compare_rehearsal)
+    store = StateStore()
+    if args.resume:
+        state = store.load(args.resume)
+    else:
+        mine = [st for st in store.saved() if st.cluster == report["cluster"] and st.model == report["model"]]
+        if not mine:
+            raise UserError(f"no deployment of {report['model']} on {report['cluster']} to compare with: run it first",
+                            exit_code=1)
+        state = max(mine, key=lambda st: st.id)
+    c = compare(report, state, read_journal())
+    if args.json:
+        print(json.dumps(c.to_json()))
+    else:
+        for line in format_comparison(c):
+            print(display_text(line))
+    return 0 if c.agrees else 1
 
 
 def _cluster_flags(args: argparse.Namespace) -> str:

@@ -94,8 +94,11 @@ class Rehearsal:
         return sorted((s for s in self.steps if s.seconds), key=lambda s: -(s.seconds or 0.0))[:top]
 
     def estimates(self) -> dict[str, Any]:
+        per_step: dict[str, float] = {}
+        for s in self.steps:  # a step the flow came back to: its runs added up
+            per_step[s.step] = per_step.get(s.step, 0.0) + (s.seconds or 0.0)
         return {"total_s": round(self.total_s, 1),
-                "steps": {s.step: None if s.seconds is None else round(s.seconds, 1) for s in self.steps},
+                "steps": {k: round(v, 1) for k, v in per_step.items()},
                 "critical_path": [s.step for s in self.critical_path()],
                 "rates": rates_used(self.twin)}
 
@@ -381,8 +384,8 @@ def save_report(r: Rehearsal, path: str | Path) -> Path:
     return out
 
 
-def load_answers(path: str | Path) -> dict[str, str]:
-    """The answers a rehearsal's report gives (``--answers-from``); a bad file is one line, exit 2."""
+def load_report(path: str | Path) -> dict[str, Any]:
+    """A rehearsal's report as :func:`save_report` wrote it; a bad file is one line, exit 2."""
     import json
 
     from sparkconsole.errors import UserError
@@ -397,4 +400,11 @@ def load_answers(path: str | Path) -> dict[str, str]:
     answers = data.get("answers") if isinstance(data, dict) and data.get("event") == "rehearsal" else None
     if not isinstance(answers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in answers.items()):
         raise UserError(f"{p}: not a rehearsal report (no \"answers\")")
-    return dict(answers)
+    if not isinstance(data.get("cluster"), str) or not isinstance(data.get("model"), str):
+        raise UserError(f"{p}: not a rehearsal report (no cluster or model)")
+    return data
+
+
+def load_answers(path: str | Path) -> dict[str, str]:
+    """The answers a rehearsal's report gives (``--answers-from``); a bad file is one line, exit 2."""
+    return dict(load_report(path)["answers"])
