@@ -20,6 +20,7 @@ import asyncio
 import re
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -386,7 +387,7 @@ async def test_keys_are_in_the_help_and_the_palette_opens_the_wizard(tmp_path):
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         table = app.screen.table_text()
-        for ident in ("wizard.start", "wizard.auto", "wizard.teardown", "wizard.back", "app.wizard"):
+        for ident in ("wizard.start", "wizard.auto", "wizard.teardown", "wizard.rehearse", "wizard.back", "app.wizard"):
             assert ident in table
         await pilot.press("escape")
         await pilot.press("t")  # nothing started: teardown says so instead of asking
@@ -428,3 +429,32 @@ def test_snapshot_at_the_layout_decision(snap_compare, tmp_path):
 
 def test_snapshot_while_weights_load(snap_compare, tmp_path):
     assert _snap(snap_compare, tmp_path, wizard_weights_loading)
+
+
+async def test_R_rehearses_on_a_twin_and_shows_the_report_without_changing_a_node(tmp_path):
+    """Issue 26: ``R`` in the wizard reads the nodes read-only, builds their twin, runs the whole
+    deployment there and shows the report; nothing is journaled, no deployment state is written."""
+    from sparkconsole.config import state_dir
+    from sparkconsole.ui.screens.rehearsal import RehearsalScreen
+
+    app = live_demo_app(tmp_path)
+    async with app.run_test(size=LIVE_SIZE) as pilot:
+        await wait_ready(pilot, app)
+        await pilot.press("w")
+        await wait_for(pilot, app, lambda: isinstance(app.screen, WizardScreen), "the wizard")
+        before = {n: [c.name for c in app.demo_cluster.sim.containers_on(n)] for n in app.demo_cluster.sim.nodes}
+        await pilot.press("R")
+        await wait_for(pilot, app, lambda: isinstance(app.screen, RehearsalScreen), "the rehearsal's report",
+                       timeout=180)
+        report = app.screen
+        text = "\n".join(report.lines)
+        assert "on a twin of demo-story" in text and "served and verified" in text
+        assert "? plan.layout" in text and "docker stop vllm-glm" in text
+        assert Path(report.twin_path).is_file() and Path(report.twin_path).parent == state_dir() / "twins"
+        after = {n: [c.name for c in app.demo_cluster.sim.containers_on(n)] for n in app.demo_cluster.sim.nodes}
+        assert before == after  # the story's services still run: only the twin's were stopped
+        assert read_journal(tmp_path / "journal.jsonl") == []
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, WizardScreen)
+        await stop_polling(pilot, app)

@@ -229,7 +229,8 @@ class _Collect:
 
 
 async def read_cluster(config: ClusterConfig, options: Options, presets: dict[str, str], *,
-                       journal: Any = None, emit: Callable[[Event], None] | None = None) -> Twin:
+                       journal: Any = None, emit: Callable[[Event], None] | None = None,
+                       transport_factory: Any = None) -> Twin:
     """The read-only walk on the real cluster: every read the flow makes, no change, no state
     saved, nothing journaled (a journal given is only there to prove it stays empty)."""
     from sparkconsole.deploy.opening import open_deployment
@@ -245,7 +246,7 @@ async def read_cluster(config: ClusterConfig, options: Options, presets: dict[st
         async with open_deployment(
                 replace(config, read_only=True), options, state, answer=ScriptedAnswers(dict(presets), auto=True),
                 emit=col, confirm=refuse, settings=Settings(), journal=journal, store=StateStore(Path(tmp)),
-                read_only=True, plan_only=True, lock=False) as session:
+                read_only=True, plan_only=True, lock=False, transport_factory=transport_factory) as session:
             await run_flow(session.flow, on_plan=col.plan)
             flow = session.flow
             hub_bps = await _measure_hub(flow)

@@ -101,6 +101,9 @@ WIZARD_BINDINGS: list[Binding] = [
             tooltip="Auto: take every recommended answer and run each step's commands without asking."),
     Binding("t", "teardown", "Teardown", id="wizard.teardown",
             tooltip="Remove what this deployment started (asks first) and offer its stopped services back."),
+    Binding("R", "rehearse", "Rehearse", id="wizard.rehearse",
+            tooltip="Read the nodes without changing them, build their twin and run the whole deployment there "
+                    "first: the decisions, every node's commands, the failures ahead and how long it will take."),
     Binding("up,k", "browse(-1)", "Prev step", show=False, id="wizard.prev",
             tooltip="Show an earlier step's commands and notes."),
     Binding("down,j", "browse(1)", "Next step", show=False, id="wizard.next",
@@ -123,4 +126,10 @@ DECISION_BINDINGS: list[Binding] = [
 ] + [
     Binding(str(i), f"pick({i})", show=False, id=f"decision.pick{i}", tooltip=f"Highlight option {i}.")
     for i in range(1, 10)
+]
+
+REHEARSAL_BINDINGS: list[Binding] = [
+    Binding("escape,q", "close", "Close", id="rehearsal.close", tooltip="Back to the wizard."),
+    Binding("up,k", "scroll_up", "Up", show=False, id="rehearsal.up", tooltip="Scroll the report up."),
+    Binding("down,j", "scroll_down", "Down", show=False, id="rehearsal.down", tooltip="Scroll the report down."),
 ]

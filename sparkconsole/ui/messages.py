@@ -112,3 +112,12 @@ class DeploymentRequested(Message):
         self.emit = emit
         self.on_plan = on_plan
         self.on_state = on_state
+
+
+class RehearsalRequested(Message):
+    """Rehearse the deployment of ``options`` on a twin of the cluster (the wizard's ``R``): the app
+    reads the nodes read-only, builds the twin, runs the flow there and shows the report."""
+
+    def __init__(self, options: Options) -> None:
+        super().__init__()
+        self.options = options

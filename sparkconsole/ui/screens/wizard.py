@@ -62,7 +62,7 @@ from sparkconsole.deploy.steps import STEP_IDS, STEPS
 from sparkconsole.logs.follow import display_fields, display_lines, display_text
 from sparkconsole.remote import RemoteCommand
 from sparkconsole.ui.keymap import WIZARD_BINDINGS
-from sparkconsole.ui.messages import DeploymentRequested, OpenLogs
+from sparkconsole.ui.messages import DeploymentRequested, OpenLogs, RehearsalRequested
 from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_panel import NodePanel
@@ -721,6 +721,14 @@ class WizardScreen(LiveScreen):
                  "a in the wizard stops asking (auto).")))
 
     # ---- keys --------------------------------------------------------------------------------
+
+    def action_rehearse(self) -> None:
+        """``R``: the whole deployment on a twin first (the app reads the nodes read-only)."""
+        if self.running:
+            self.notify("a run is going on: rehearse before it, or after it ends", severity="warning")
+            return
+        options = Options.from_json(self.state.options) if self.state and self.state.options else self.options
+        self.app.post_message(RehearsalRequested(options))
 
     def action_toggle_auto(self) -> None:
         self.auto = not self.auto
