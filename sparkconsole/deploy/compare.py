@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sparkconsole.deploy.rehearsal import duration_words as _duration
 from sparkconsole.deploy.state import DeploymentState
 from sparkconsole.journal import JournalEntry, redact
 
@@ -121,15 +122,6 @@ def _spans(entries: list[JournalEntry]) -> dict[str, float]:
         nxt = firsts[i + 1][1] if i + 1 < len(firsts) else end
         out[step] = max(0.0, nxt - t)
     return out
-
-
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "—"
-    if s < 60:
-        return f"{s:.0f} s"
-    m, sec = divmod(round(s), 60)
-    return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{m} min {sec:02d} s"
 
 
 def format_comparison(c: Comparison) -> list[str]:

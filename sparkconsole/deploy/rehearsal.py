@@ -321,7 +321,8 @@ def _rates_invented(twin: Twin) -> list[str]:
             for name, r in rates_used(twin).items() if not r["measured"]]
 
 
-def _duration(s: float | None) -> str:
+def duration_words(s: float | None) -> str:
+    """Seconds as a person reads them: ``42 s``, ``3 min 07 s``, ``1 h 02 min``; ``—`` for none."""
     if s is None:
         return "—"
     if s < 60:
@@ -337,12 +338,12 @@ def format_report(r: Rehearsal) -> list[str]:
     """The rehearsal in words, step by step (plain text; node text is cleaned by the caller)."""
     lines = [f"rehearsal of {r.twin.model} on a twin of {r.twin.cluster} "
              f"({', '.join(n.node for n in r.twin.nodes)}): {r.result.message}",
-             f"  estimated {_duration(r.total_s)} in all; the twin ran it in {r.wall_s:.1f} s"]
+             f"  estimated {duration_words(r.total_s)} in all; the twin ran it in {r.wall_s:.1f} s"]
     for s in r.steps:
         mark = {"done": "✓", "skipped": "·", "failed": "✗", "waiting": "?"}.get(s.state, " ")
         if s.state == "failed" and s.note.startswith("back to"):
             mark = "↺"  # the flow went back to an earlier step: a detour, not the end
-        lines.append(f"{mark} {s.step:<12} {_duration(s.seconds):>12}  {s.note}".rstrip())
+        lines.append(f"{mark} {s.step:<12} {duration_words(s.seconds):>12}  {s.note}".rstrip())
         for d in s.decisions:
             lines.append(f"    ? {d.id}: {d.title}")
             lines.append(f"      → {d.answer} (recommended: {d.recommended}) — {d.why}")
@@ -360,7 +361,7 @@ def format_report(r: Rehearsal) -> list[str]:
             lines.append(f"    ! {f}")
     crit = r.critical_path()
     if crit:
-        lines.append("critical path: " + ", ".join(f"{s.step} {_duration(s.seconds)}" for s in crit))
+        lines.append("critical path: " + ", ".join(f"{s.step} {duration_words(s.seconds)}" for s in crit))
     if r.twin.not_checked:
         lines.append("not checked without a change (the real run checks them):")
         lines += [f"  - {x}" for x in r.twin.not_checked]
