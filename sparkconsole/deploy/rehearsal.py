@@ -180,7 +180,7 @@ class _Collect:
         self.runs: list[StepRun] = []
         self.events: list[dict[str, Any]] = []
         self.notes: list[NoteEvent] = []
-        self.commands: list[tuple[str, CommandEvent]] = []  # (step run's index, the answered command)
+        self.commands: list[tuple[int, CommandEvent]] = []  # (step run's index, the answered command)
 
     def step(self, step: str) -> StepRun:
         """The latest run of ``step`` (a new one when it has not run yet)."""
