@@ -257,9 +257,9 @@ def test_bad_rehearsal_flags_are_one_line(tmp_path, args, words):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_the_twin_can_be_built_for_catalogue_models_only():
-    with pytest.raises(T.TwinError, match="simulates"):
-        build_twin(T.Twin("lab", "sclab/tiny-qwen3", 0.0, [_facts()]))
+def test_a_model_outside_the_catalogue_needs_what_the_hub_said_of_it():
+    with pytest.raises(T.TwinError, match="from its files and config on the Hub"):
+        build_twin(T.Twin("lab", "sclab/never-read", 0.0, [_facts()]))
 
 
 def test_the_comparison_names_what_reality_did_otherwise():
@@ -288,3 +288,30 @@ def test_the_comparison_names_what_reality_did_otherwise():
     assert c.not_sent == [("free-memory", "spark-a", "docker stop reranker")]
     text = "\n".join(format_comparison(c))
     assert "reality differed" in text and "+ free-memory spark-a $ docker stop embeddings" in text
+
+
+async def test_a_model_outside_the_catalogue_is_served_by_the_twin_s_hub_as_it_was_read():
+    """The lab's tiny model (tests/lab: its config and generated weights): the twin's Hub lists its
+    files with the sizes and sha256 the rehearsal read, and serves its config; the load is invented."""
+    import hashlib
+
+    from tests.lab.hosts import MODEL_ID, model_files
+
+    files = model_files()
+    hub = [T.HubFileFacts(p, len(b), hashlib.sha256(b).hexdigest() if p.endswith(".safetensors") else None)
+           for p, b in sorted(files.items())]
+    config = json.loads(files["config.json"])
+    twin = T.Twin("lab", MODEL_ID, 0.0, [_facts()], hub_files=hub, model_config=config)
+    twin = T.Twin.from_json(json.loads(T.dumps(twin)))  # through the file
+    sim = build_twin(twin, SimClock(speed=1))
+    base = "https://huggingface.co"
+    out, _e, rc = await Shell(sim, "gx10-a").capture(f"curl -sS '{base}/api/models/{MODEL_ID}/tree/main?recursive=true'")
+    listed = {f["path"]: f for f in json.loads(out)}
+    assert rc == 0 and set(listed) == set(files)
+    st = listed["model.safetensors"]
+    assert st["size"] == len(files["model.safetensors"])
+    assert st["lfs"]["oid"] == hashlib.sha256(files["model.safetensors"]).hexdigest()
+    out, _e, rc = await Shell(sim, "gx10-a").capture(f"curl -sSfL '{base}/{MODEL_ID}/resolve/main/config.json'")
+    assert rc == 0 and json.loads(out) == config
+    assert any("not in the twin's catalogue" in x for x in sim.invented)
+    assert any(config["architectures"][0] in x for x in sim.invented)

@@ -31,7 +31,7 @@ from sparkconsole.config import ClusterConfig
 from sparkconsole.deploy.decisions import ScriptedAnswers
 from sparkconsole.deploy.events import CommandEvent, DecisionEvent, Event, NoteEvent, ResultEvent, StepEvent
 from sparkconsole.deploy.flow import Options
-from sparkconsole.deploy.runner import Settings
+from sparkconsole.deploy.runner import Settings, StepFailed
 from sparkconsole.deploy.twin import HubFileFacts, Twin
 from sparkconsole.remote import RemoteCommand
 
@@ -253,11 +253,15 @@ async def read_cluster(config: ClusterConfig, options: Options, presets: dict[st
             facts = [flow.facts[n.name] for n in config.nodes if n.name in flow.facts]
             plan = flow.plan
             verdicts = flow.step("weights").verdicts  # type: ignore[attr-defined]
+            try:
+                model_config = dict(flow.spec.config)
+            except StepFailed:  # no spec read (no route to the Hub): the twin then knows catalogue models only
+                model_config = {}
     not_checked = [n.text for n in col.notes if n.text.startswith("not checked")]
     took = sorted(e.duration_s for _i, e in col.commands if e.duration_s is not None)
     return Twin(cluster=config.name, model=options.model, read_at=time.time(), nodes=facts,
                 weights={n: v.complete for n, v in verdicts.items()} or {k: bool(v) for k, v in plan.weights_ok.items()},
-                hub_files=[HubFileFacts(f.path, f.size) for f in plan.hub_files],
+                hub_files=[HubFileFacts(f.path, f.size, f.sha256) for f in plan.hub_files], model_config=model_config,
                 not_checked=list(dict.fromkeys(not_checked)),
                 measured={"command_s": round(took[len(took) // 2], 3) if took else None, "hub_download": hub_bps})
 

@@ -45,6 +45,7 @@ class HubFileFacts:
 
     path: str
     size: int
+    sha256: str | None = None  # an LFS file's (the Hub's lfs.oid)
 
 
 @dataclass
@@ -62,6 +63,9 @@ class Twin:
     measured: dict[str, float | None] = field(default_factory=dict)
     # what the read-only walk could not check (running an image, say), with what a real run does
     not_checked: list[str] = field(default_factory=list)
+    # the model's config.json as the Hub serves it (public: what the planner read), so a twin can
+    # stand in for a model outside the simulator's catalogue
+    model_config: dict[str, Any] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeFacts:
         return next(n for n in self.nodes if n.node == name)
@@ -70,8 +74,9 @@ class Twin:
         return {
             "format": TWIN_FORMAT, "version": TWIN_VERSION, "cluster": self.cluster, "model": self.model,
             "read_at": self.read_at, "nodes": [n.to_json() for n in self.nodes], "weights": dict(self.weights),
-            "hub_files": [{"path": f.path, "size": f.size} for f in self.hub_files],
+            "hub_files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.hub_files],
             "measured": dict(self.measured), "not_checked": list(self.not_checked),
+            "model_config": dict(self.model_config),
         }
 
     @classmethod
@@ -85,10 +90,13 @@ class Twin:
             nodes = [NodeFacts.from_json(n) for n in data["nodes"]]
             twin = cls(cluster=str(data["cluster"]), model=str(data["model"]), read_at=float(data["read_at"]),
                        nodes=nodes, weights={str(k): bool(v) for k, v in (data.get("weights") or {}).items()},
-                       hub_files=[HubFileFacts(str(f["path"]), int(f["size"])) for f in data.get("hub_files") or []],
+                       hub_files=[HubFileFacts(str(f["path"]), int(f["size"]),
+                                               None if f.get("sha256") is None else str(f["sha256"]))
+                                  for f in data.get("hub_files") or []],
                        measured={str(k): (None if v is None else float(v))
                                  for k, v in (data.get("measured") or {}).items()},
-                       not_checked=[str(x) for x in data.get("not_checked") or []])
+                       not_checked=[str(x) for x in data.get("not_checked") or []],
+                       model_config=dict(data.get("model_config") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise TwinError(f"{source}: a field is missing or of the wrong kind ({type(exc).__name__}: {exc})") from None
         if not nodes:
@@ -110,7 +118,7 @@ def check_no_secret(text: str) -> None:
 
 
 def dumps(twin: Twin) -> str:
-    text = json.dumps(twin.to_json(), indent=1, sort_keys=False)
+    text = json.dumps(twin.to_json(), indent=1, default=str)  # a config value JSON lacks: as its text
     check_no_secret(text)
     return text + "\n"
 

@@ -246,8 +246,15 @@ ARCHS_NEW = frozenset({"Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditio
                        "Qwen3NextForCausalLM"})
 
 
+# a twin's model outside the catalogue (sim/twin.py): its config.json as the Hub serves it, and its
+# architecture, taken as known to every vLLM image (whether one registers it is not read: invented)
+HUB_CONFIGS: dict[str, dict[str, Any]] = {}
+TWIN_ARCHS: set[str] = set()
+
+
 def image_archs(img: Image) -> frozenset[str]:
-    return ARCHS_COMMON | ARCHS_NEW if img.knows_qwen35 else ARCHS_COMMON | {"Qwen3NextForCausalLM"}
+    extra = frozenset(TWIN_ARCHS) if img.vllm_version else frozenset()
+    return (ARCHS_COMMON | ARCHS_NEW if img.knows_qwen35 else ARCHS_COMMON | {"Qwen3NextForCausalLM"}) | extra
 
 
 def image_digest(ref: str) -> str:
@@ -330,6 +337,11 @@ def _repo_files(repo: str, n_files: int, shards: int, total: int) -> list[RepoFi
     out.sort(key=lambda f: f.path)
     _FILES_CACHE[repo] = out
     return out
+
+
+def set_repo_files(repo: str, files: list[RepoFile]) -> None:
+    """The files of a repository as read from the Hub (a twin's model): what :func:`repo_files` gives."""
+    _FILES_CACHE[repo] = sorted(files, key=lambda f: f.path)
 
 
 def repo_revision(repo: str) -> str:

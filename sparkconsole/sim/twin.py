@@ -29,11 +29,13 @@ from sparkconsole.sim.model import (
     DRIVER,
     GB,
     GIB,
+    HUB_CONFIGS,
     IMAGES,
     MEM_TOTAL,
     MODELS,
     PAGE_CACHE_FLOOR,
     STOCK_GROUPS,
+    TWIN_ARCHS,
     Account,
     CacheRamp,
     Container,
@@ -41,9 +43,12 @@ from sparkconsole.sim.model import (
     Holder,
     Iface,
     Image,
+    ModelSpec,
+    RepoFile,
     SimCluster,
     hf_hub,
     make_node,
+    set_repo_files,
     stable_hex,
     stable_int,
 )
@@ -60,14 +65,13 @@ class TwinCluster(SimCluster):
 
 
 def build_twin(twin: Twin, clock: SimClock | None = None, seed: int = 1234) -> TwinCluster:
-    if twin.model not in MODELS:
-        raise TwinError(f"the twin simulates {', '.join(MODELS)} only; {twin.model} is not among them")
+    invented = _model(twin)
     unreachable = [n.node for n in twin.nodes if not n.reachable]
     if unreachable:
         raise TwinError(f"the twin cannot stand in for {', '.join(unreachable)}: recon did not reach it")
     c = TwinCluster(clock or SimClock(), n_nodes=len(twin.nodes), seed=seed)
     c.twin = twin
-    c.invented = []
+    c.invented = invented
     wire(c)
     c.scenario = "twin"
     if twin.measured.get("hub_download"):
@@ -115,6 +119,45 @@ def _cache_and_disk(c: TwinCluster, f: NodeFacts) -> None:
         c.nodes[f.node].disk_extra = max(0, DISK_TOTAL - f.disk_free - c.disk_used(f.node, 0.0))
         if f.disk_free > DISK_TOTAL:
             c.invented.append(f"{f.node}: its disk is larger than a Spark's; the twin's holds {DISK_TOTAL / GB:.0f} GB")
+
+
+def _model(twin: Twin) -> list[str]:
+    """A model outside the simulator's catalogue, from what the rehearsal read of it: its files as
+    the Hub listed them (names, sizes, sha256) and its config.json. Registered with the simulated
+    Hub and catalogue (module-wide, by repo id: two twins of one model share it). What the config
+    does not say is invented and listed."""
+    if twin.model in MODELS:
+        return []
+    config = twin.model_config
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    if not twin.hub_files or not archs:
+        raise TwinError(f"the twin knows {twin.model} only from its files and config on the Hub, and the rehearsal "
+                        "read neither (no node reached the Hub?)")
+    shards = [f for f in twin.hub_files if f.path.endswith(".safetensors")]
+    weights = sum(f.size for f in shards) or sum(f.size for f in twin.hub_files)
+    invented = [f"{twin.model}: not in the twin's catalogue; its load and memory after loading are guessed from "
+                "its size (overhead 2 GiB)",
+                f"{twin.model}: whether the engine images register {archs[0]} is not read (the engine check is a "
+                "change); the twin says every vLLM image does"]
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers = int(text.get("num_hidden_layers") or 0)
+    heads = int(text.get("num_attention_heads") or 0)
+    kv_heads = int(text.get("num_key_value_heads") or heads or 0)
+    head_dim = int(text.get("head_dim") or (int(text.get("hidden_size") or 0) // heads if heads else 0))
+    per_token = 2 * layers * kv_heads * head_dim * 2  # K and V, every layer, bf16
+    if per_token <= 0:
+        invented.append(f"{twin.model}: its KV cache per token (the config does not say its geometry)")
+    MODELS[twin.model] = ModelSpec(
+        twin.model, str(archs[0]), sum(f.size for f in twin.hub_files), len(twin.hub_files), max(1, len(shards)),
+        weights / GIB, 2.0, GIB / per_token if per_token > 0 else 10_000.0,
+        int(text.get("max_position_embeddings") or config.get("max_position_embeddings") or 4096),
+        layers=layers)
+    set_repo_files(twin.model, [RepoFile(f.path, f.size, f.sha256 or stable_hex(64, twin.model, f.path, "sha"),
+                                         stable_hex(40, twin.model, f.path, "git"), f.sha256 is not None)
+                                for f in twin.hub_files])
+    HUB_CONFIGS[twin.model] = dict(config)
+    TWIN_ARCHS.add(str(archs[0]))
+    return invented
 
 
 def _links(c: TwinCluster, index: int, f: NodeFacts) -> None:

@@ -18,6 +18,7 @@ import re
 from sparkconsole.sim import formats as F
 from sparkconsole.sim import vllm_logs, vllm_metrics
 from sparkconsole.sim.model import (
+    HUB_CONFIGS,
     MODELS,
     LogLine,
     SimNode,
@@ -527,6 +528,10 @@ def _hub_answer(path: str, query: str) -> tuple[int, str]:
     ``/REPO/resolve/REV/config.json`` (the model's config; the planner's bundled one, so a node can
     read a spec for the console). Other files by ``resolve``: 404 as the Hub answers a missing one."""
     r = re.match(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
+    if r and r.group(1) in HUB_CONFIGS:  # a twin's own model: the config its rehearsal read
+        if r.group(3) == "config.json":
+            return 200, json.dumps(HUB_CONFIGS[r.group(1)])
+        return 404, json.dumps({"error": "Entry not found"})
     if r:
         spec = planner_spec(r.group(1)) if r.group(1) in MODELS else None
         if spec is None:
