@@ -315,3 +315,24 @@ async def test_a_model_outside_the_catalogue_is_served_by_the_twin_s_hub_as_it_w
     assert rc == 0 and json.loads(out) == config
     assert any("not in the twin's catalogue" in x for x in sim.invented)
     assert any(config["architectures"][0] in x for x in sim.invented)
+
+
+async def test_the_console_opens_on_a_twin(tmp_path):
+    """``sparkconsole demo --twin FILE``: the console on the twin's nodes, said in its title."""
+    from sparkconsole.ui.app import DemoOptions, SparkConsoleApp
+    from tests.ui_support import wait_ready
+
+    twin = T.Twin("lab", DEFAULT_MODEL, 0.0, [_facts(), _facts(node="gx10-b", containers=[], holders=[], listeners=[])])
+    app = SparkConsoleApp(demo=DemoOptions(nodes=2, twin=twin, speed=1.0), interval=1.0, remember_theme=False,
+                          journal=Journal(tmp_path / "journal.jsonl"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot, app)
+        assert "twin of lab" in app.sub_title
+        assert app.demo_cluster is not None and list(app.demo_cluster.sim.nodes) == ["gx10-a", "gx10-b"]
+        assert [n.name for n in app.config.nodes] == ["gx10-a", "gx10-b"]
+        while not all(p.state.sample for p in app.poller.pollers.values()):
+            await pilot.pause(0.05)
+        a = app.poller.pollers["gx10-a"].state.sample
+        assert [c.name for c in a.containers] == ["ollama"]
+        app.autopoll = False
+        await app.workers.wait_for_complete()
