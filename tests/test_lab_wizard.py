@@ -127,6 +127,34 @@ def _sha256_on(host: LabHost, paths: list[str]) -> dict[str, str]:
     return {line.split()[1]: line.split()[0] for line in out.splitlines()}
 
 
+_REHEARSAL: dict[str, Path] = {}  # the rehearsal's report, for the comparison after the real run
+
+
+def _journal_lines(lab_cli) -> int:
+    path = lab_cli.state_dir() / "journal.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_a_rehearsal_reads_the_hosts_without_changing_them(lab_cli, tmp_path_factory):
+    """Issue 26 on real hosts: the read-only walk, the twin written from it, the whole flow up to
+    the cluster run on the twin; the hosts are as they were (no container, no file, no journal line)."""
+    lab: Lab = lab_cli.lab
+    journal = _journal_lines(lab_cli)
+    twin = tmp_path_factory.mktemp("rehearsal") / "lab-twin.json"
+    got = lab_cli.deploy("--rehearse", "--json", "--twin-out", str(twin), until="cluster")
+    assert got.returncode == 0, _say(got)
+    summary = json.loads(got.stdout.splitlines()[-1])
+    assert summary["event"] == "rehearsal" and summary["ok"], summary
+    assert summary["message"] == "stopped after cluster, as asked (--until)"
+    assert any("the one chosen" in x for x in summary["invented"])  # the lab's image: assumed, said so
+    for h in lab.hosts:
+        assert h.docker("ps", "-aq").stdout.strip() == ""
+    assert lab.a.run("test", "-e", SNAP, check=False).returncode != 0  # nothing downloaded
+    assert lab.b.docker("images", "-q").stdout.strip() == ""  # nothing copied
+    assert _journal_lines(lab_cli) == journal
+    _REHEARSAL["report"] = twin.with_name("lab-twin.rehearsal.json")
+
+
 def test_the_wizard_deploys_up_to_the_cluster_on_the_two_hosts(lab_cli):
     lab: Lab = lab_cli.lab
     t0 = time.monotonic()
@@ -190,6 +218,27 @@ def test_the_wizard_deploys_up_to_the_cluster_on_the_two_hosts(lab_cli):
     ran = lab.a.docker("exec", name, "python3", "-c", program, timeout=120).stdout.strip().splitlines()[-1]
     assert ran == str([lab.a.fast_ip, lab.b.fast_ip]) + " " + str(["lab-a", "lab-b"]), ran
     print(f"deploy --until cluster on the lab: {took:.1f} s")
+
+
+def test_the_real_run_is_what_the_rehearsal_foresaw(lab_cli):
+    """The real ``--until cluster`` run above against the rehearsal's report: the same decisions,
+    the same changes on the same hosts in the same order (the deployment's own ids made equal)."""
+    from sparkconsole.deploy.compare import JOB_END, same_command
+
+    report_path = _REHEARSAL.get("report")
+    assert report_path is not None, "the rehearsal test did not run first"
+    got = lab_cli.run("deploy", "--compare-rehearsal", str(report_path), "--json")
+    cmp = json.loads(got.stdout)
+    assert got.returncode == 0 and cmp["agrees"], _say(got)
+    assert cmp["same_decisions"] >= 5 and cmp["unforeseen"] == [] and cmp["not_sent"] == []
+    report = json.loads(report_path.read_text())
+    planned = [(e["step"], e["node"], same_command(e["command"])) for e in report["events"]
+               if e["event"] == "planned" and e["mutating"]]
+    state = _latest_state(lab_cli)
+    lines = [json.loads(x) for x in (lab_cli.state_dir() / "journal.jsonl").read_text().splitlines()]
+    sent = [(x["step"], x["node"], same_command(x["command"])) for x in lines
+            if x.get("deployment") == state["id"] and not x["command"].startswith(JOB_END)]
+    assert sent == planned and len(sent) >= 8
 
 
 def test_teardown_removes_exactly_what_the_deployment_started(lab_cli):

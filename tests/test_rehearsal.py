@@ -35,6 +35,19 @@ from sparkconsole.sim.twin import build_twin, up_seconds
 OPTIONS = Options(model=DEFAULT_MODEL)
 
 
+@pytest.fixture(autouse=True)
+def _catalogues_as_they_were():
+    """A twin registers the models and images it guesses in the simulator's catalogues (module-wide):
+    each test here leaves them as it found them, so no other test sees a twin's guesses."""
+    from sparkconsole.sim import model as M
+
+    saved = (dict(M.MODELS), dict(M.IMAGES), dict(M.HUB_CONFIGS), set(M.TWIN_ARCHS), dict(M._FILES_CACHE))
+    yield
+    for live, old in zip((M.MODELS, M.IMAGES, M.HUB_CONFIGS, M.TWIN_ARCHS, M._FILES_CACHE), saved, strict=True):
+        live.clear()
+        live.update(old)
+
+
 def _ids(command: str) -> str:
     """A command with the deployment's own random ids (job folders, container names) made equal."""
     return re.sub(r"\b[0-9a-f]{8}\b", "ID", command)

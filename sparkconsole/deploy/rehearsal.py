@@ -295,7 +295,7 @@ async def rehearse_on_twin(twin: Twin, options: Options, presets: dict[str, str]
     async def yes(step: str, commands: Sequence[tuple[str, RemoteCommand]]) -> bool:
         return True
 
-    sim = build_twin(twin, SimClock(speed=speed))
+    sim = build_twin(twin, SimClock(speed=speed), image=options.image)
     wall0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sparkconsole-twin-") as tmp:
         demo = await start_cluster(sim, workdir=Path(tmp) / "cluster")

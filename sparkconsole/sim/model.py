@@ -211,6 +211,7 @@ _PY_CMDS = (("python3", "/usr/bin/python3"), ("python", "/usr/bin/python"), ("pi
             ("hf", "/usr/local/bin/hf"), ("huggingface-cli", "/usr/local/bin/huggingface-cli"))
 _VLLM_CMDS = (("vllm", "/usr/local/bin/vllm"), *_PY_CMDS)
 _RAY_CMDS = (("ray", "/usr/local/bin/ray"),)
+PY_CMDS, VLLM_CMDS, RAY_CMDS = _PY_CMDS, _VLLM_CMDS, _RAY_CMDS  # for images made elsewhere (a twin's)
 _CUDA_ENV = (("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
              ("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
 _UBUNTU_LABELS = (("org.opencontainers.image.ref.name", "ubuntu"), ("org.opencontainers.image.version", "22.04"))

@@ -34,8 +34,11 @@ from sparkconsole.sim.model import (
     MEM_TOTAL,
     MODELS,
     PAGE_CACHE_FLOOR,
+    PY_CMDS,
+    RAY_CMDS,
     STOCK_GROUPS,
     TWIN_ARCHS,
+    VLLM_CMDS,
     Account,
     CacheRamp,
     Container,
@@ -64,7 +67,8 @@ class TwinCluster(SimCluster):
     twin: Twin
 
 
-def build_twin(twin: Twin, clock: SimClock | None = None, seed: int = 1234) -> TwinCluster:
+def build_twin(twin: Twin, clock: SimClock | None = None, seed: int = 1234, image: str | None = None) -> TwinCluster:
+    """The twin of ``twin``'s cluster; ``image``: the engine image the operator chose (``--image``)."""
     invented = _model(twin)
     unreachable = [n.node for n in twin.nodes if not n.reachable]
     if unreachable:
@@ -91,10 +95,15 @@ def build_twin(twin: Twin, clock: SimClock | None = None, seed: int = 1234) -> T
         _account(c, f)
         n.sudo_rules = list(SUDO_RULES.get(f.sudo or "none", []))
         n.tools = dict(f.tools)
+        if not f.gpu:  # recon read no GPU (no nvidia-smi answered): the twin has none either
+            n.tools["nvidia-smi"] = False
+            c.invented.append(f"{f.node}: no GPU was read; the twin has no nvidia-smi there (and starts no "
+                              "container with --gpus)")
         if f.token:
             # a stand-in: the twin file records that a token is there, never its value
             n.hf_token = "hf_" + stable_hex(34, "twin-token", f.node)
-        n.images = {img.ref: img for img in (_image(c, f.node, x.ref) for x in f.images) if img is not None}
+        n.images = {img.ref: img for img in (_image(c, f.node, x.ref, image, x.size) for x in f.images)
+                    if img is not None}
         if twin.weights.get(f.node):
             c.seed_model(f.node, twin.model)
         _holders(c, f)
@@ -173,9 +182,11 @@ def _links(c: TwinCluster, index: int, f: NodeFacts) -> None:
                                                                     and not i.port1]
     swap: dict[str, Iface] = {}
     for lk, old in zip(ordered, stock, strict=False):
+        # the twin's carrier follows the read state (a ConnectX-7 twin is Up when it is the cabled one)
         swap[old.name] = replace(old, name=lk.netdev or old.name, ipv4=tuple(lk.ipv4), ipv6=(),
-                                 rdma=lk.rdma or None, mtu=lk.mtu or old.mtu, port1=lk.up or old.port1)
-    n.ifaces = tuple(swap.get(i.name, i) for i in n.ifaces)
+                                 rdma=lk.rdma or None, mtu=lk.mtu or old.mtu, port1=lk.up)
+    # a stock port the node did not show is not there (a host with one fast netdev has one)
+    n.ifaces = tuple(swap.get(i.name, i) for i in n.ifaces if i.kind != "cx7" or i.name in swap)
     fast = [lk for lk in ordered if lk.up and lk.ipv4]
     n.fast_ip = fast[0].ipv4[0].split("/")[0] if fast else ""
     n.fast_ip2 = fast[1].ipv4[0].split("/")[0] if len(fast) > 1 else ""
@@ -209,16 +220,43 @@ def _account(c: TwinCluster, f: NodeFacts) -> None:
         c.invented.append(f"{f.node}: HF_HOME is {f.hf_home} there; the twin keeps the cache under {home}")
 
 
-def _image(c: TwinCluster, node: str, ref: str) -> Image | None:
+def _image(c: TwinCluster, node: str, ref: str, chosen: str | None = None, size: str | None = None) -> Image | None:
+    """An image as the twin holds it: the catalogue's, else guessed. The image the operator chose
+    (``--image``) is taken to serve the model with vLLM and Ray, as the real run's own check will
+    verify; another one holds what its name says (a vLLM version in its tag, or no vLLM) and a
+    Python. A guessed image joins the simulator's catalogue (module-wide, by reference)."""
     ref = normalize_image(ref)
     known = IMAGES.get(ref)
     if known is not None:
         return known
-    version = version_from_ref(ref) or ""
-    c.invented.append(f"{node}: image {ref} is not in the twin's catalogue; what it holds is guessed from its "
-                      f"name ({'vLLM ' + version if version else 'no vLLM'}); the real run checks it")
-    return Image(ref, version, int(20 * GB), "", bool(version) and version_tuple(version) >= (0, 16),
-                 entrypoint=("vllm", "serve") if version else ())
+    if chosen is not None and normalize_image(chosen) == ref:
+        version = version_from_ref(ref) or ASSUMED_VLLM
+        c.invented.append(f"{node}: image {ref} (the one chosen) is not in the twin's catalogue; the twin takes it "
+                          f"to hold vLLM {version} and Ray and to register the model; the real run checks it")
+        img = Image(ref, version, docker_size(size), "", True, ray=ASSUMED_RAY, commands=(*VLLM_CMDS, *RAY_CMDS))
+    else:
+        version = version_from_ref(ref) or ""
+        c.invented.append(f"{node}: image {ref} is not in the twin's catalogue; what it holds is guessed from its "
+                          f"name ({'vLLM ' + version if version else 'no vLLM'}); the real run checks it")
+        img = Image(ref, version, docker_size(size), "", bool(version) and version_tuple(version) >= (0, 16),
+                    entrypoint=("vllm", "serve") if version else (), commands=VLLM_CMDS if version else PY_CMDS)
+    IMAGES[ref] = img
+    return img
+
+
+def docker_size(text: str | None) -> int:
+    """``docker images``' SIZE (``259MB``, ``21.4GB``, ``512kB``; decimal units, as docker prints
+    them) in bytes; 20 GB (a vLLM image's order) when it says nothing readable."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kKMGT]?B)\s*", text or "")
+    if not m:
+        return int(20 * GB)
+    return int(float(m.group(1)) * {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}[m.group(2)])
+
+
+ASSUMED_VLLM = "0.17.0"  # the chosen image's vLLM where its name says none (the newest the twin models)
+ASSUMED_RAY = "2.54.0"
 
 
 def _holders(c: TwinCluster, f: NodeFacts) -> None:
