@@ -12,6 +12,8 @@ import errno
 import hashlib
 import os
 import re
+import tempfile
+from pathlib import Path
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -22,6 +24,25 @@ def write_all(fd: int, data: bytes) -> None:
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         view = view[n:]
+
+
+def replace_file(target: Path, data: bytes, mode: int = 0o600) -> Path:
+    """``target`` replaced whole by ``data``: written to a temporary file beside it (its own name, so
+    two writers never share one), fsynced, then renamed over it; on any error the temporary file is
+    removed, ``target`` is as it was, and the ``OSError`` is raised for the caller to say in words."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
 
 
 def file_name_for(name: str) -> str:

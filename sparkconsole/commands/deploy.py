@@ -252,8 +252,7 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
     earlier_id = (args.resume or args.teardown) or None
     if earlier_id is not None:
         store.load(earlier_id)  # a missing or broken state is said before any cluster is opened
-    options = Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
-                      tp=args.tp, max_model_len=args.max_model_len)
+    options = _options(args)
     state = None
     demo = bool(getattr(args, "demo", False))  # a cluster simulated in this process: no one else reaches it
     async with open_cluster(args, demo_speed=args.speed) as config:
@@ -294,26 +293,14 @@ async def _rehearse(args: argparse.Namespace, presets: dict[str, str]) -> int:
     """``--rehearse``: the read-only walk on the cluster, its twin written, the whole flow on the
     twin, the report (:mod:`sparkconsole.deploy.rehearsal`). Exit 0 when the twin served (or reached
     ``--until``), 1 when the rehearsal met a failure it could not get past."""
-    from datetime import UTC, datetime
-
-    from sparkconsole.config import state_dir
-    from sparkconsole.deploy.flow import Options
-    from sparkconsole.deploy.rehearsal import format_report, read_cluster, rehearse_on_twin, save_report
-    from sparkconsole.deploy.twin import save
+    from sparkconsole.deploy.rehearsal import format_report, rehearse_cluster
     from sparkconsole.journal import Journal
     from sparkconsole.logs.follow import display_text, json_safe
 
-    options = Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
-                      tp=args.tp, max_model_len=args.max_model_len)
     say = (lambda text: None) if args.json else (lambda text: print(display_text(text), flush=True))
     async with open_cluster(args, demo_speed=args.speed) as config:
-        say(f"reading {config.name} ({', '.join(n.name for n in config.nodes)}) without changing anything …")
-        twin = await read_cluster(config, options, presets, journal=Journal())
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    path = save(twin, args.twin_out or state_dir() / "twins" / f"{config.name}-{stamp}.json")
-    say(f"twin written: {path} (no secret in it: attach it to a bug report as it is)")
-    say("rehearsing the whole deployment on the twin …")
-    r = await rehearse_on_twin(twin, options, presets, until=args.until)
+        r, path, report = await rehearse_cluster(config, _options(args), presets, journal=Journal(), until=args.until,
+                                                 twin_out=args.twin_out, say=say)
     if args.json:
         for data in r.events:
             print(json_safe(json.dumps(data, ensure_ascii=False)))
@@ -321,10 +308,17 @@ async def _rehearse(args: argparse.Namespace, presets: dict[str, str]) -> int:
     else:
         for line in format_report(r):
             print(display_text(line))
-    report = save_report(r, path.with_name(path.stem + ".rehearsal.json"))
     say(f"report written: {report}; the real run takes its answers with: sparkconsole deploy "
         f"{_cluster_flags(args)}--answers-from {report}")
     return 0 if r.result.ok else 1
+
+
+def _options(args: argparse.Namespace):
+    """The deployment's options from the command line (a real run and a rehearsal alike)."""
+    from sparkconsole.deploy.flow import Options
+
+    return Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
+                   tp=args.tp, max_model_len=args.max_model_len)
 
 
 def _compare(args: argparse.Namespace) -> int:

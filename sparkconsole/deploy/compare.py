@@ -108,6 +108,7 @@ def _spans(entries: list[JournalEntry]) -> dict[str, float]:
     """Each step's time in the real run as the journal shows it: from its first change to the next
     step's first change (the last step: to its last change's end). A step that sent nothing has none."""
     firsts: list[tuple[str, float]] = []
+    seen: set[str] = set()
     end = 0.0
     for x in entries:
         try:
@@ -115,7 +116,8 @@ def _spans(entries: list[JournalEntry]) -> dict[str, float]:
         except ValueError:
             continue
         end = max(end, t + (x.duration_s or 0.0))
-        if x.step and (not firsts or firsts[-1][0] != x.step) and x.step not in {s for s, _ in firsts}:
+        if x.step and x.step not in seen:
+            seen.add(x.step)
             firsts.append((x.step, t))
     out = {}
     for i, (step, t) in enumerate(firsts):

@@ -320,6 +320,29 @@ async def rehearse_on_twin(twin: Twin, options: Options, presets: dict[str, str]
                      result=outcome.result, events=col.events, wall_s=time.monotonic() - wall0)
 
 
+async def rehearse_cluster(config: ClusterConfig, options: Options, presets: dict[str, str], *, journal: Any,
+                           until: str | None = None, twin_out: str | Path | None = None,
+                           transport_factory: Any = None,
+                           say: Callable[[str], None] = lambda text: None) -> tuple[Rehearsal, Path, Path]:
+    """The whole rehearsal, as ``deploy --rehearse`` and the wizard's ``R`` run it: the read-only
+    walk, the twin written (``twin_out``, else ``state_dir()/twins/<cluster>-<time>.json``), the twin
+    walk, its report written beside the twin. ``say`` hears the stages in words."""
+    from datetime import UTC, datetime
+
+    from sparkconsole.config import state_dir
+    from sparkconsole.deploy.twin import save
+    from sparkconsole.durable import file_name_for
+
+    say(f"reading {config.name} ({', '.join(n.name for n in config.nodes)}) without changing anything …")
+    twin = await read_cluster(config, options, presets, journal=journal, transport_factory=transport_factory)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    path = save(twin, twin_out or state_dir() / "twins" / f"{file_name_for(config.name)}-{stamp}.json")
+    say(f"twin written: {path} (no secret in it: attach it to a bug report as it is)")
+    say("rehearsing the whole deployment on the twin …")
+    r = await rehearse_on_twin(twin, options, presets, until=until)
+    return r, path, save_report(r, path.with_name(path.stem + ".rehearsal.json"))
+
+
 def _rates_invented(twin: Twin) -> list[str]:
     return [f"{name.replace('_', ' ')}: {r['bytes_per_s'] / 1e6:.0f} MB/s, the twin's default (not measured)"
             for name, r in rates_used(twin).items() if not r["measured"]]
@@ -379,15 +402,11 @@ def save_report(r: Rehearsal, path: str | Path) -> Path:
     """The rehearsal's summary (:meth:`Rehearsal.to_json`, its events too) as one JSON file, whole."""
     import json
 
-    from sparkconsole.deploy.twin import check_no_secret
+    from sparkconsole.deploy.twin import check_no_secret, write_json_file
 
-    out = Path(path)
     text = json.dumps({**r.to_json(), "events": r.events}, indent=1) + "\n"
     check_no_secret(text)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
-    return out
+    return write_json_file(Path(path).expanduser(), text, "the rehearsal's report")
 
 
 def load_report(path: str | Path) -> dict[str, Any]:

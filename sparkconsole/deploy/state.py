@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import secrets
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -24,7 +23,7 @@ from typing import Any
 
 from sparkconsole.config import state_dir
 from sparkconsole.deploy.deployment_plan import DeploymentPlan
-from sparkconsole.durable import file_name_for, write_all
+from sparkconsole.durable import file_name_for, replace_file
 from sparkconsole.errors import UserError
 from sparkconsole.journal import redact
 from sparkconsole.remote import JobFiles
@@ -166,20 +165,12 @@ class StateStore:
         self.root.mkdir(parents=True, exist_ok=True)
         target = self.path(st.id)
         data = json.dumps(st.to_json(), indent=1, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{st.id}.", dir=self.root)
         try:
-            try:
-                os.fchmod(fd, 0o600)
-                write_all(fd, data)  # every byte or an error: a short write never replaces a good state
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            replace_file(target, data)  # every byte or an error: a short write never replaces a good state
         except OSError as exc:
-            Path(tmp).unlink(missing_ok=True)
             kept = f"the last saved one is kept at {target}" if target.exists() else "none was saved before"
             raise StateNotSaved(f"the deployment state could not be saved ({exc.strerror or exc}): {kept}; "
                                 "free some disk and --resume") from None
-        os.replace(tmp, target)
         self._latest_file(st.cluster).write_text(st.id + "\n")
         return target
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkconsole.deploy.recon import NodeFacts
+from sparkconsole.durable import replace_file
 from sparkconsole.errors import UserError
 
 TWIN_FORMAT = "sparkconsole-twin"
@@ -124,14 +125,18 @@ def dumps(twin: Twin) -> str:
 
 
 def save(twin: Twin, path: str | Path) -> Path:
-    """Write the twin whole (a temporary file renamed over the target: never half a file)."""
-    out = Path(path)
-    text = dumps(twin)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
-    return out
+    """Write the twin whole (never half a file); a file that cannot be written is one line, exit 1."""
+    return write_json_file(Path(path).expanduser(), dumps(twin), "the twin")
+
+
+def write_json_file(out: Path, text: str, what: str) -> Path:
+    """``text`` as ``out`` (its folder made), whole or not at all (:func:`durable.replace_file`), mode
+    0600; an error is said in one line."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return replace_file(out, text.encode())
+    except OSError as exc:
+        raise UserError(f"{what} could not be written to {out} ({exc.strerror or exc})", exit_code=1) from None
 
 
 def load(path: str | Path) -> Twin:

@@ -25,7 +25,6 @@ import math
 import os
 import re
 import secrets
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -467,26 +466,17 @@ def _key_dir(key: str, root: Path | None) -> Path:
 def save_run(run: BenchRun, root: str | os.PathLike[str] | None = None) -> Path:
     """Write ``run`` as ``<root>/<key>/<id>.json`` (mode 0600), atomically: a temporary file, every
     byte or an error, ``fsync``, ``rename``."""
-    from sparkconsole.durable import write_all
+    from sparkconsole.durable import replace_file
     from sparkconsole.journal import redact
 
     d = _key_dir(run.key, Path(root) if root is not None else None)
     d.mkdir(parents=True, exist_ok=True)
     target = d / f"{run.id}.json"
     data = redact(json.dumps(run.to_dict(), indent=1, sort_keys=True)).encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{run.id}.", dir=d)
     try:
-        try:
-            os.fchmod(fd, 0o600)
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        return replace_file(target, data)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         raise UserError(f"the benchmark could not be saved ({exc.strerror or exc})", exit_code=1) from None
-    os.replace(tmp, target)
-    return target
 
 
 def load_runs(key: str, root: str | os.PathLike[str] | None = None) -> list[BenchRun]:

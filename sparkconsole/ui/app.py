@@ -683,20 +683,13 @@ class SparkConsoleApp(App[int]):
     async def _rehearsal(self, request: RehearsalRequested) -> None:
         """Read the nodes without changing them, write the twin, run the flow on it, show the report
         (:mod:`sparkconsole.deploy.rehearsal`, as ``sparkconsole deploy --rehearse`` does)."""
-        from datetime import UTC, datetime
-
-        from sparkconsole.deploy.rehearsal import format_report, read_cluster, rehearse_on_twin, save_report
-        from sparkconsole.deploy.twin import save
+        from sparkconsole.deploy.rehearsal import format_report, rehearse_cluster
         from sparkconsole.ui.screens.rehearsal import RehearsalScreen
 
         self.notify("reading the nodes without changing anything, then the whole deployment on their twin …",
                     title="rehearsal", timeout=6)
-        twin = await read_cluster(self.config, request.options, {}, journal=self.journal,
-                                  transport_factory=self.transport_factory)
-        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        path = save(twin, state_dir() / "twins" / f"{self.config.name}-{stamp}.json")
-        r = await rehearse_on_twin(twin, request.options, {})
-        report = save_report(r, path.with_name(path.stem + ".rehearsal.json"))
+        r, path, report = await rehearse_cluster(self.config, request.options, {}, journal=self.journal,
+                                                 transport_factory=self.transport_factory)
         self.push_screen(RehearsalScreen(format_report(r), str(path), str(report)))
 
     def action_overview(self) -> None:
