@@ -521,6 +521,57 @@ def parse_read_rate(text: str) -> float | None:
     return n / span if n >= 1 << 20 and span > 0 else None
 
 
+LINK_PROBE_BYTES = 128 << 20  # a rehearsal's stream over the fast link: 128 MiB, a fraction of a second on a Spark pair
+NOW = "$(date +%s.%N)"  # the node's own clock, so the console's round trip is not in a timing
+
+
+def peer_link_rate(user_host: str, nbytes: int = LINK_PROBE_BYTES, *, port: int | None = None) -> RemoteScript:
+    """What a copy to the peer costs, timed on the node, nothing written on either end: one ``ssh
+    PEER true`` (the connection's own cost, paid by every rsync pass and image copy), then ``nbytes``
+    of zeros streamed to ``wc -c`` there (the link as ssh carries it: rsync over ssh is ssh-bound).
+    Prints ``BYTES T0 T1 T2``: :func:`parse_link_rate`."""
+    if not 1 <= nbytes <= 1 << 31:
+        raise ValidationError(f"a stream of {nbytes} bytes")
+    head = command("head", "-c", str(nbytes), "/dev/zero")
+    sink = RemoteCommand(("timeout", "30", *ssh_to(user_host, "wc", "-c", port=port).argv))
+    text = (f"s={NOW} && {ssh_to(user_host, 'true', port=port).shell()} && m={NOW} && "
+            f"n=$({pipeline(head, sink)}) && e={NOW} && echo \"$n $s $m $e\"")
+    return RemoteScript((), text=text, summary=f"stream {nbytes >> 20} MiB to {user_host.rpartition('@')[2]} "
+                        "over ssh (measure; nothing kept)")
+
+
+def parse_link_rate(text: str) -> tuple[float, float | None] | None:
+    """``BYTES T0 T1 T2`` → (one ssh connection's seconds, bytes per second of the stream after its
+    own connection); None when the text is not that. The rate is None under 1 MiB or no time."""
+    words = text.strip().splitlines()[-1].split() if text.strip() else []
+    try:
+        n, t0, t1, t2 = (float(w) for w in words[:4])
+    except ValueError:
+        return None
+    if len(words) < 4 or t1 < t0 or t2 < t1:
+        return None
+    connect = t1 - t0
+    stream = (t2 - t1) - connect
+    return connect, (n / stream if n >= 1 << 20 and stream > 0 else None)
+
+
+def hf_start_time() -> RemoteScript:
+    """How long the host's ``hf`` takes to start (``hf version``: it reads nothing and writes
+    nothing), timed on the node: ``T0 T1``. Every download and check that runs ``hf`` pays it."""
+    return RemoteScript((), text=f"s={NOW} && {command('hf', 'version').shell()} > /dev/null 2>&1 && "
+                        f"echo \"$s {NOW}\"", summary="time hf's start (hf version; nothing kept)")
+
+
+def parse_span(text: str) -> float | None:
+    """``T0 T1`` → seconds, None when the text is not that."""
+    words = text.strip().splitlines()[-1].split() if text.strip() else []
+    try:
+        t0, t1 = float(words[0]), float(words[1])
+    except (IndexError, ValueError):
+        return None
+    return t1 - t0 if t1 >= t0 else None
+
+
 def hf_download(model: str) -> RemoteCommand:
     """``hf download MODEL``: the token, if any, is read by ``hf`` from the node's own files."""
     m = validate_model_id(model)

@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from sparkconsole.journal import Journal
 from sparkconsole.remote import hub_read_rate, parse_read_rate
 from sparkconsole.sim import start_demo_cluster
 from sparkconsole.sim.clock import SimClock
-from sparkconsole.sim.model import INTERNET_BPS
+from sparkconsole.sim.model import FAST_LINK_RSYNC_BPS, INTERNET_BPS, PEER_SSH_S
 from sparkconsole.sim.shell import Shell
 from sparkconsole.sim.twin import build_twin, up_seconds
 
@@ -111,6 +112,11 @@ async def test_the_read_only_walk_changes_nothing_and_the_twin_meets_the_story_s
 
     # the Hub's rate, read as a bounded ranged read to /dev/null on the node that downloads
     assert twin.measured["hub_download"] == pytest.approx(INTERNET_BPS, rel=0.05)
+    # the fast link as a copy sees it, and one ssh connection's cost: zeros streamed over ssh to `wc -c`
+    # on the peer, timed on the node (the simulator's own milliseconds are not in a node's clock)
+    assert twin.measured["fast_link_copy"] == pytest.approx(FAST_LINK_RSYNC_BPS, rel=0.05)
+    assert twin.measured["peer_ssh_s"] == pytest.approx(PEER_SSH_S, rel=0.05)
+    assert twin.measured["hf_start_s"] is None  # a stock Spark has no hf on the host: nothing to time
     path = T.save(twin, tmp_path / "twin.json")
     token = demo.sim.nodes["spark-1a32"].hf_token
     assert token and token not in path.read_text() and twin.nodes[0].token  # its presence only
@@ -123,8 +129,8 @@ async def test_the_read_only_walk_changes_nothing_and_the_twin_meets_the_story_s
     weights = next(s for s in r.steps if s.step == "weights")
     assert 17 * 60 < (weights.seconds or 0) < 22 * 60
     assert r.critical_path()[0].step == "weights"
-    assert any("fast link copy" in x and "not measured" in x for x in r.invented)
-    assert not any("hub download" in x for x in r.invented)  # measured
+    assert any("image copy" in x and "not measured" in x for x in r.invented)  # docker load is a change
+    assert not any("hub download" in x or "fast link" in x or "ssh connection" in x for x in r.invented)  # measured
 
     # a line half as fast: the download, the critical path, takes about twice as long
     slow = T.load(path)
@@ -349,3 +355,87 @@ async def test_the_console_opens_on_a_twin(tmp_path):
         assert [c.name for c in a.containers] == ["ollama"]
         app.autopoll = False
         await app.workers.wait_for_complete()
+
+
+# ---- what decides a small copy's time (the lab's tiny model: fixed costs, not bytes) ----------
+
+def test_a_link_stream_is_bounded_timed_on_the_node_and_written_nowhere():
+    from sparkconsole.remote import hf_start_time, parse_link_rate, parse_span, peer_link_rate
+
+    cmd = peer_link_rate("nvidia@192.168.200.2").shell()
+    assert "head -c 134217728 /dev/zero | timeout 30 ssh -o BatchMode=yes" in cmd and "'wc -c'" in cmd
+    assert cmd.count("$(date +%s.%N)") == 3 and ">" not in cmd.replace("2>", "")  # nothing is written
+    # the lab's own numbers (lab-a to lab-b): 0.326 s for `ssh true`, then 0.926 s for the stream's ssh
+    got = parse_link_rate("134217728 1796238482.184686751 1796238482.510767273 1796238483.436431203\n")
+    assert got is not None and got[0] == pytest.approx(0.326, abs=1e-3)
+    assert got[1] == pytest.approx(134217728 / (0.926 - 0.326), rel=1e-3)
+    assert parse_link_rate("ssh: connect to host 192.168.200.2 port 22: No route to host") is None
+    assert parse_link_rate("0 1 2 3") == (1.0, None)  # nothing went through: no rate
+    assert "hf version > /dev/null" in hf_start_time().shell()
+    assert parse_span("1796238483.438368342 1796238483.867399657") == pytest.approx(0.429, abs=1e-3)
+    assert parse_span("hf: not found") is None
+    with pytest.raises(UserError):
+        peer_link_rate("nvidia@192.168.200.2;reboot")
+
+
+async def test_a_node_s_clock_inside_a_command_counts_what_it_waited_for_not_the_simulator():
+    """At x1000 every millisecond the simulator computes reads as a second of the node's time; a
+    command's own clock (``date`` inside it) counts what it waited for, so the stream's timing on a
+    simulated node is the link's, as on a real one. A sleep cut short (a ``timeout``'s watch) adds
+    nothing."""
+    import asyncssh
+
+    from sparkconsole.remote import parse_link_rate, peer_link_rate
+
+    async with start_demo_cluster(scenario="story", speed=1000) as demo:
+        sim, node = demo.sim, demo.config.nodes[0]
+        a, b = list(sim.nodes)
+        cmd = peer_link_rate(f"{sim.login(b).user}@{sim.nodes[b].fast_ip}").shell()
+        async with asyncssh.connect(node.host, port=node.port, username=node.user, client_keys=[node.identity],
+                                    known_hosts=node.known_hosts) as conn:  # as the console sends it
+            res = await conn.run(cmd)
+    assert res.exit_status == 0, res.stderr
+    got = parse_link_rate(str(res.stdout))
+    assert got is not None and str(res.stdout).split()[0] == "134217728"  # every byte reached the peer's wc
+    assert got[0] == pytest.approx(PEER_SSH_S, rel=0.01) and got[1] == pytest.approx(FAST_LINK_RSYNC_BPS, rel=0.01)
+    sim.nodes[a].tools["hf"] = True  # a host with hf (the lab's): it says its version so, into a pipe too
+    out, _e, rc = await Shell(sim, a).capture("hf version")
+    assert rc == 0 and out.endswith("  version: 2.4.0\n") and "hf version" in out
+
+
+def test_a_twin_with_little_to_move_runs_at_wall_speed():
+    """The console runs at wall speed beside the twin: at x1000 a small model's download ends before
+    the copy beside it has started, so a twin with little to move runs at x1, and a 125 GB one fast."""
+    from sparkconsole.deploy.rehearsal import TWIN_SPEED, TWIN_WALL_S, twin_speed
+
+    small = T.Twin(cluster="lab", model="sclab/tiny-qwen3", read_at=0.0, nodes=[],
+                   weights={"a": False, "b": False}, hub_files=[T.HubFileFacts("model.safetensors", 5 << 20, "0" * 64)])
+    assert twin_speed(small) == 1.0
+    big = T.Twin(cluster="sparks", model=DEFAULT_MODEL, read_at=0.0, nodes=[], weights={"a": False, "b": False},
+                 hub_files=[T.HubFileFacts(f"model-{i:05d}.safetensors", 3_125_000_000, "0" * 64) for i in range(40)],
+                 measured={"hub_download": INTERNET_BPS, "fast_link_copy": FAST_LINK_RSYNC_BPS})
+    work = 125e9 / INTERNET_BPS + 125e9 / FAST_LINK_RSYNC_BPS
+    assert twin_speed(big) == pytest.approx(work / TWIN_WALL_S) and 1 < twin_speed(big) < TWIN_SPEED
+    assert twin_speed(replace(big, weights={"a": True, "b": True})) == 1.0  # nothing to move
+
+
+def test_a_step_that_sent_nothing_is_timed_with_the_step_before_it():
+    """The journal holds changes only: a step that sent none (free-memory answering "none") has no
+    time of its own there, so its estimate joins the step before it, and each span starts where its
+    first change started (an entry is written when its command ended)."""
+    from sparkconsole.deploy.compare import compare
+    from sparkconsole.deploy.state import DeploymentState
+    from sparkconsole.journal import JournalEntry
+
+    report = {"answers": {}, "events": [],
+              "estimates": {"steps": {"recon": 0.3, "weights": 6.5, "images": 1.4, "free-memory": 0.5, "caches": 0.3}}}
+    st = DeploymentState.new(DEFAULT_MODEL, {}, "lab")
+    st.steps = {"recon": "done", "weights": "done", "images": "done", "free-memory": "done", "caches": "done"}
+    j = [JournalEntry("2026-12-02T10:00:00.100000+00:00", "a", "mkdir -p x", "", 0, 0.1, deployment=st.id, step="weights"),
+         JournalEntry("2026-12-02T10:00:07+00:00", "a", "copy image", "", 0, 1.0, deployment=st.id, step="images"),
+         JournalEntry("2026-12-02T10:00:17+00:00", "a", "evict", "", 0, 0.5, deployment=st.id, step="caches")]
+    times = {s: (e, r) for s, e, r in compare(report, st, j).times}
+    assert times["recon"] == (0.3, None)
+    assert times["weights"] == (6.5, 6.0)  # 10:00:00.0 (started) → 10:00:06.0 (the images' first change started)
+    assert times["images + free-memory"] == (1.9, 10.5)
+    assert times["caches"] == (0.3, 0.5)

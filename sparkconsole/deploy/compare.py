@@ -98,15 +98,25 @@ def compare(report: dict[str, Any], state: DeploymentState, journal: list[Journa
     out.not_sent = [x for x in left if x[0] in reached or state.steps.get(x[0]) in ("done", "failed")]
     estimates = (report.get("estimates") or {}).get("steps") or {}
     spans = _spans(mine)
+    # a step that sent no change has no time of its own in the journal: it is in the span of the
+    # step before it, so its estimate is added there and the two are named together
+    groups: list[tuple[list[str], float, float | None]] = []
     for step, est in estimates.items():
-        if step in spans or est:
-            out.times.append((step, est, spans.get(step)))
+        if groups and groups[-1][2] is not None and step not in spans:
+            names, total, real = groups[-1]
+            groups[-1] = ([*names, step], total + float(est or 0.0), real)
+        else:
+            groups.append(([step], float(est or 0.0), spans.get(step)))
+    out.times = [(" + ".join(names), round(est, 1), None if real is None else round(real, 1))
+                 for names, est, real in groups if real is not None or est]
     return out
 
 
 def _spans(entries: list[JournalEntry]) -> dict[str, float]:
-    """Each step's time in the real run as the journal shows it: from its first change to the next
-    step's first change (the last step: to its last change's end). A step that sent nothing has none."""
+    """Each step's time in the real run as the journal shows it: from its first change's start to
+    the next step's first change's start (the last step: to its last change's end). An entry is
+    written when its command has ended (its time) and says how long it took, so it started that long
+    before. A step that sent nothing has none."""
     firsts: list[tuple[str, float]] = []
     seen: set[str] = set()
     end = 0.0
@@ -115,10 +125,10 @@ def _spans(entries: list[JournalEntry]) -> dict[str, float]:
             t = datetime.fromisoformat(x.time).timestamp()
         except ValueError:
             continue
-        end = max(end, t + (x.duration_s or 0.0))
+        end = max(end, t)
         if x.step and x.step not in seen:
             seen.add(x.step)
-            firsts.append((x.step, t))
+            firsts.append((x.step, t - (x.duration_s or 0.0)))
     out = {}
     for i, (step, t) in enumerate(firsts):
         nxt = firsts[i + 1][1] if i + 1 < len(firsts) else end
@@ -140,5 +150,5 @@ def format_comparison(c: Comparison) -> list[str]:
     lines += [f"    - {s} {n} $ {cmd.splitlines()[0][:120]}" for s, n, cmd in c.not_sent]
     if c.times:
         lines.append("  time per step (estimate → real, from the journal):")
-        lines += [f"    {s:<12} {_duration(e):>12} → {_duration(r)}" for s, e, r in c.times]
+        lines += [f"    {s:<24} {_duration(e):>8} → {_duration(r)}" for s, e, r in c.times]
     return lines

@@ -35,7 +35,28 @@ from sparkconsole.deploy.runner import Settings, StepFailed
 from sparkconsole.deploy.twin import HubFileFacts, Twin
 from sparkconsole.remote import RemoteCommand
 
-TWIN_SPEED = 1000.0  # the twin's seconds per wall second: a half-hour deployment in a few seconds
+TWIN_SPEED = 1000.0  # the fastest the twin runs: a half-hour deployment in a few seconds
+TWIN_WALL_S = 10.0  # what a twin walk aims to take when its copies are long enough to allow it
+
+
+def twin_speed(twin: Twin) -> float:
+    """How fast the twin's clock runs: its copies' bytes over the rates read, in about
+    ``TWIN_WALL_S``, between 1 and ``TWIN_SPEED``. The console itself runs at wall speed beside the
+    twin, so at N times its few milliseconds between two commands are N times longer in the twin:
+    harmless beside a 20-minute download, but at x1000 a small model's download ends before the
+    console has started the copy that should run beside it (the lab's tiny model: the copy's passes
+    five seconds apart never happen, and its estimate is half the real one). A cluster with little to
+    move is rehearsed at wall speed, where the twin's order of events is the real one."""
+    from sparkconsole.sim.model import FAST_LINK_RSYNC_BPS, INTERNET_BPS
+
+    size = sum(f.size for f in twin.hub_files)
+    missing = [n for n, whole in twin.weights.items() if not whole]
+    work = 0.0
+    if missing:
+        if not any(twin.weights.values()):
+            work += size / float(twin.measured.get("hub_download") or INTERNET_BPS)
+        work += size / float(twin.measured.get("fast_link_copy") or FAST_LINK_RSYNC_BPS)
+    return min(TWIN_SPEED, max(1.0, work / TWIN_WALL_S))
 
 
 @dataclass
@@ -65,7 +86,7 @@ class StepRun:
     decisions: list[DecisionEvent] = field(default_factory=list)
     planned: list[Planned] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    seconds: float | None = None  # the estimate: its transfers and loads, plus its commands (estimate_runs)
+    seconds: float | None = None  # the estimate: the time its nodes were busy for it (estimate_runs)
 
 
 @dataclass
@@ -100,7 +121,8 @@ class Rehearsal:
         return {"total_s": round(self.total_s, 1),
                 "steps": {k: round(v, 1) for k, v in per_step.items()},
                 "critical_path": [s.step for s in self.critical_path()],
-                "rates": rates_used(self.twin)}
+                "rates": rates_used(self.twin),
+                "fixed_s": {k: self.twin.measured.get(k) for k in ("command_s", "peer_ssh_s", "hf_start_s")}}
 
     def answers(self) -> dict[str, str]:
         """Each decision's answer, the last one where the flow came back to it (``--answers-from``)."""
@@ -116,11 +138,15 @@ class Rehearsal:
 DEFAULT_COMMAND_S = 0.5  # one command's round trip where the read-only walk measured none
 
 
-def work_intervals(sim: Any) -> list[tuple[float, float]]:
+def work_intervals(sim: Any, command_s: float) -> list[tuple[float, float]]:
     """When the twin's nodes were busy with what takes the time of a deployment: each transfer
     (an image's copy or pull) from its start to its end, each stretch of files written or read (a
-    download, a copy's receiving end, a load of the weights: the page cache's ramps), and each
-    engine from its start to ready (or to its failure)."""
+    download, a copy's receiving end, a load of the weights: the page cache's ramps), each engine
+    from its start to ready (or to its failure), each detached job for the time it asked to wait
+    (its starts, transfers and the pauses between a streamed copy's passes), and each command the
+    console sent for the time the node worked on it plus one round trip (``command_s``, measured on
+    the real cluster: in-process SSH has none). A poll sent while a job runs overlaps the job, so it
+    adds nothing; two nodes answering at once count once."""
     out = [(r.t0, r.stop) for r in sim.cache_ramps]
     for tr in sim.transfers:
         end = min(x for x in (tr.t1, tr.cancelled_at, tr.failed_at) if x is not None)
@@ -129,19 +155,15 @@ def work_intervals(sim: Any) -> list[tuple[float, float]]:
         end = next((x for x in (e.ready_at, e.failed_at, e.stopped_at) if x is not None), None)
         if end is not None:
             out.append((e.started, end))
+    out.extend((w.t0, w.t1 + (command_s if w.kind == "exec" else 0.0)) for w in sim.work_spans)
     return out
 
 
-def estimate_runs(runs: Sequence[StepRun], commands: Sequence[tuple[int, CommandEvent]],
-                  work: Sequence[tuple[float, float]], command_s: float) -> None:
-    """Each run's estimate: the time the twin's nodes spent on its transfers and loads (the union of
-    the work inside the run's window: what the step waited for), plus one round trip per command it
-    sent. The twin's own clock is not used as it is: it runs fast, so the console's computing between
-    commands would read as minutes."""
-    counts: dict[int, int] = {}
-    for i, _e in commands:
-        counts[i] = counts.get(i, 0) + 1
-    for i, run in enumerate(runs):
+def estimate_runs(runs: Sequence[StepRun], work: Sequence[tuple[float, float]]) -> None:
+    """Each run's estimate: the time the twin's nodes were busy inside the run's window (the union
+    of ``work``: what the step waited for). The twin's clock is not used as it is: the console runs
+    at wall speed beside it, so its computing between commands would read as N times longer."""
+    for run in runs:
         if run.started is None or run.ended is None:
             continue
         lo, hi = run.started, run.ended
@@ -152,7 +174,7 @@ def estimate_runs(runs: Sequence[StepRun], commands: Sequence[tuple[int, Command
             if b > a:
                 busy += b - a
                 edge = b
-        run.seconds = busy + counts.get(i, 0) * command_s
+        run.seconds = busy
 
 
 def rates_used(twin: Twin) -> dict[str, dict[str, Any]]:
@@ -161,8 +183,8 @@ def rates_used(twin: Twin) -> dict[str, dict[str, Any]]:
     from sparkconsole.sim.model import FAST_LINK_RSYNC_BPS, IMAGE_COPY_BPS, INTERNET_BPS
 
     defaults = {"hub_download": INTERNET_BPS, "fast_link_copy": FAST_LINK_RSYNC_BPS, "image_copy": IMAGE_COPY_BPS}
-    # the fast link is not measured yet: rsync over ssh on it is ssh-bound (the twin's figure is a
-    # Spark pair's); a bounded read over the link is the next step
+    # the image copy is not measured: what costs most there is `docker load` unpacking on the far
+    # side, and a load is a change (the figure is a Spark pair's)
     out = {}
     for name, bps in defaults.items():
         got = twin.measured.get(name)
@@ -250,6 +272,8 @@ async def read_cluster(config: ClusterConfig, options: Options, presets: dict[st
             await run_flow(session.flow, on_plan=col.plan)
             flow = session.flow
             hub_bps = await _measure_hub(flow)
+            link = await _measure_link(flow)
+            hf_s = await _measure_hf(flow)
             facts = [flow.facts[n.name] for n in config.nodes if n.name in flow.facts]
             plan = flow.plan
             verdicts = flow.step("weights").verdicts  # type: ignore[attr-defined]
@@ -263,7 +287,8 @@ async def read_cluster(config: ClusterConfig, options: Options, presets: dict[st
                 weights={n: v.complete for n, v in verdicts.items()} or {k: bool(v) for k, v in plan.weights_ok.items()},
                 hub_files=[HubFileFacts(f.path, f.size, f.sha256) for f in plan.hub_files], model_config=model_config,
                 not_checked=list(dict.fromkeys(not_checked)),
-                measured={"command_s": round(took[len(took) // 2], 3) if took else None, "hub_download": hub_bps})
+                measured={"command_s": round(took[len(took) // 2], 3) if took else None, "hub_download": hub_bps,
+                          "fast_link_copy": link[1], "peer_ssh_s": link[0], "hf_start_s": hf_s})
 
 
 async def _measure_hub(flow: Any) -> float | None:
@@ -272,7 +297,7 @@ async def _measure_hub(flow: Any) -> float | None:
     the Hub or the read said too little."""
     from sparkconsole.remote import hub_read_rate, parse_read_rate
 
-    online = next((n for n in flow.nodes if n in flow.facts and flow.facts[n].hub), None)
+    online = _copy_source(flow)
     files = sorted(flow.plan.hub_files, key=lambda f: -f.size)
     if online is None or not files:
         return None
@@ -281,9 +306,51 @@ async def _measure_hub(flow: Any) -> float | None:
     return None if rate is None else round(rate)
 
 
+def _copy_source(flow: Any) -> str | None:
+    """The node the copies start from: the one that downloads (it reaches the Hub)."""
+    return next((n for n in flow.nodes if n in flow.facts and flow.facts[n].hub), None)
+
+
+async def _measure_link(flow: Any) -> tuple[float | None, float | None]:
+    """One ssh connection's seconds and the fast link's rate as a copy sees it, from the copying node
+    to the first other node, timed there (:func:`remote.peer_link_rate`: zeros streamed to ``wc -c``,
+    nothing written); (None, None) where the nodes cannot ssh to each other yet (the network step
+    says so) or there is one node."""
+    from sparkconsole.deploy.weights import peer_port
+    from sparkconsole.remote import parse_link_rate, peer_link_rate
+
+    src = _copy_source(flow)
+    dst = next((n for n in flow.nodes if n != src and n in flow.facts), None)
+    if src is None or dst is None:
+        return None, None
+    try:
+        cmd = peer_link_rate(flow.user_at(dst), port=peer_port(flow, dst))
+    except StepFailed:
+        return None, None
+    res = await flow.runner.read(src, cmd, timeout=60)
+    got = parse_link_rate(res.stdout) if res.ok else None
+    if got is None:
+        return None, None
+    return round(got[0], 3), (None if got[1] is None else round(got[1]))
+
+
+async def _measure_hf(flow: Any) -> float | None:
+    """How long the host's ``hf`` takes to start on the downloading node (:func:`remote.hf_start_time`);
+    None where it has no ``hf`` (a stock Spark: the download then runs in the image)."""
+    from sparkconsole.remote import hf_start_time, parse_span
+
+    src = _copy_source(flow)
+    if src is None or flow.facts[src].tools.get("hf") is not True:
+        return None
+    res = await flow.runner.read(src, hf_start_time(), timeout=60)
+    span = parse_span(res.stdout) if res.ok else None
+    return None if span is None else round(span, 3)
+
+
 async def rehearse_on_twin(twin: Twin, options: Options, presets: dict[str, str], *, until: str | None = None,
-                           speed: float = TWIN_SPEED, emit: Callable[[Event], None] | None = None) -> Rehearsal:
-    """The whole flow on the twin, fast, with the recommended answers (or ``presets``)."""
+                           speed: float | None = None, emit: Callable[[Event], None] | None = None) -> Rehearsal:
+    """The whole flow on the twin, fast (``speed``: :func:`twin_speed`), with the recommended answers
+    (or ``presets``)."""
     from sparkconsole.deploy.opening import open_deployment
     from sparkconsole.deploy.session import run_flow
     from sparkconsole.deploy.state import DeploymentState, StateStore
@@ -295,7 +362,9 @@ async def rehearse_on_twin(twin: Twin, options: Options, presets: dict[str, str]
     async def yes(step: str, commands: Sequence[tuple[str, RemoteCommand]]) -> bool:
         return True
 
+    speed = twin_speed(twin) if speed is None else speed
     sim = build_twin(twin, SimClock(speed=speed), image=options.image)
+    sim.record_work = True
     wall0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sparkconsole-twin-") as tmp:
         demo = await start_cluster(sim, workdir=Path(tmp) / "cluster")
@@ -312,7 +381,7 @@ async def rehearse_on_twin(twin: Twin, options: Options, presets: dict[str, str]
             await demo.stop()
     col.events.append(outcome.result.to_json())
     command_s = twin.measured.get("command_s") or DEFAULT_COMMAND_S
-    estimate_runs(col.runs, col.commands, work_intervals(sim), command_s)
+    estimate_runs(col.runs, work_intervals(sim, command_s))
     invented = list(sim.invented) + _rates_invented(twin)
     if twin.measured.get("command_s") is None:
         invented.append(f"one command's round trip: {DEFAULT_COMMAND_S} s (not measured)")
@@ -344,8 +413,17 @@ async def rehearse_cluster(config: ClusterConfig, options: Options, presets: dic
 
 
 def _rates_invented(twin: Twin) -> list[str]:
-    return [f"{name.replace('_', ' ')}: {r['bytes_per_s'] / 1e6:.0f} MB/s, the twin's default (not measured)"
-            for name, r in rates_used(twin).items() if not r["measured"]]
+    from sparkconsole.sim.model import PEER_SSH_S
+
+    out = [f"{name.replace('_', ' ')}: {r['bytes_per_s'] / 1e6:.0f} MB/s, the twin's default (not measured)"
+           for name, r in rates_used(twin).items() if not r["measured"]]
+    if twin.measured.get("peer_ssh_s") is None:
+        out.append(f"one ssh connection between the nodes: {PEER_SSH_S} s, the twin's default (not measured: "
+                   "the nodes did not let one ssh to the other)")
+    if twin.measured.get("hf_start_s") is None:
+        out.append("hf's start: not counted (no hf on the downloading host to time; the download's container "
+                   "start is not read either)")
+    return out
 
 
 def duration_words(s: float | None) -> str:

@@ -16,6 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextvars import ContextVar
+
+# The simulated seconds a task (and the tasks it starts) asked to wait, summed: a detached job's
+# *nominal* time (sim/model.py: JobSpan). A running clock's sleeps overshoot by the event loop's
+# latency times the speed (a 2 ms hiccup at x1000 reads as 2 s), so a twin's estimate counts what
+# each job asked for, not what the fast clock shows (deploy/rehearsal.py: work_intervals).
+# Each entry is ``[seconds asked, sim time it started]``.
+NOMINAL: ContextVar[list[float] | None] = ContextVar("sim_nominal", default=None)
 
 # The demo's sim time 0 (for tests, a fixed date so rendered output is reproducible).
 DEFAULT_EPOCH = 1_774_633_200.0  # 2026-03-27 17:40:00 UTC
@@ -42,6 +50,14 @@ class SimClock:
         if self.manual:
             return self._manual_now
         return (time.monotonic() - self._start_wall) * self.speed
+
+    def node_now(self) -> float:
+        """The time as a command on a node sees it: inside a command the console sent (or a job it
+        started), its start plus what it has waited for (:data:`NOMINAL`), so the simulator's own
+        computing is not in a node's timings (``date`` around a stream: remote.peer_link_rate), as a
+        real node's clock does not count the console's; elsewhere :meth:`now`."""
+        acc = NOMINAL.get()
+        return acc[1] + acc[0] if acc is not None and len(acc) > 1 and not self.manual else self.now()
 
     def epoch(self, t: float | None = None) -> float:
         """Unix time of sim time ``t`` (default: now)."""
@@ -75,7 +91,12 @@ class SimClock:
             return
         if not self.manual:
             await asyncio.sleep(seconds / self.speed)
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((self._manual_now + seconds, fut))
-        await fut
+        else:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append((self._manual_now + seconds, fut))
+            await fut
+        # counted once slept: a sleep cut short is a watch beside the work (`timeout`'s, while its
+        # command runs) or work that was killed, neither time the node spent on the command
+        acc = NOMINAL.get()
+        if acc is not None:
+            acc[0] += seconds

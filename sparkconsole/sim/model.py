@@ -74,6 +74,7 @@ CLOCK_MAX_SM = 3003
 INTERNET_BPS = 112 * MB  # hf download / docker pull on the head (~900 Mbit/s)
 FAST_LINK_RSYNC_BPS = 820 * MB  # rsync over ssh on the ConnectX-7 link (ssh-bound, not 200G)
 LAN_RSYNC_BPS = 270 * MB  # the same over the 10G management LAN (what you get on the wrong IP)
+PEER_SSH_S = 0.15  # one ssh connection from node to node (key exchange and auth over the fast link)
 IMAGE_COPY_BPS = 380 * MB  # docker save | ssh docker load (load unpacks: slower than rsync)
 WEIGHT_READ_S_PER_SHARD = 3.27  # safetensors shard read on the NVMe (the real Spark log rate)
 
@@ -438,6 +439,26 @@ class CacheRamp:
     def stop(self) -> float:
         end = self.reader.end if self.reader is not None else None
         return self.t1 if end is None else min(self.t1, end)
+
+
+@dataclass
+class WorkSpan:
+    """Something a node worked on for the console: one command it ran over SSH (``exec``) or a
+    detached job (``job``: ``setsid nohup sh -c JOB &``, remote.detached). When it started and the
+    sim seconds it has asked to wait so far (its sleeps, transfers and starts: clock.NOMINAL), so its
+    length does not carry the fast clock's overshoot (deploy/rehearsal.py: work_intervals)."""
+
+    kind: str
+    node: str
+    t0: float
+    nominal: list[float] = field(default_factory=list)  # [seconds asked, t0]: clock.NOMINAL
+
+    def __post_init__(self) -> None:
+        self.nominal[:] = [0.0, self.t0]
+
+    @property
+    def t1(self) -> float:
+        return self.t0 + self.nominal[0]
 
 
 # ---- containers and engines --------------------------------------------------------------------
@@ -997,6 +1018,8 @@ class SimCluster:
         self.holders: list[Holder] = []
         self.cache_ramps: list[CacheRamp] = []
         self.transfers: list[Transfer] = []
+        self.work_spans: list[WorkSpan] = []  # kept only when record_work (a rehearsal): a demo runs for hours
+        self.record_work = False
         self.ray: RayCluster | None = None
         self.scenario = "story"
         self.filesystems: dict[str, VFS] = {}
@@ -1018,6 +1041,12 @@ class SimCluster:
         # defaults are a Spark pair's; a twin takes what its rehearsal measured (sim/twin.py)
         self.internet_bps = float(INTERNET_BPS)
         self.fast_bps = float(FAST_LINK_RSYNC_BPS)
+        self.image_bps = float(IMAGE_COPY_BPS)
+        # the fixed costs a copy pays before its first byte: one ssh connection between the nodes
+        # (every rsync pass, image copy and `ssh PEER`), and the host's `hf` starting (Python's
+        # imports); a twin takes what its rehearsal timed on the nodes
+        self.peer_ssh_s = PEER_SSH_S
+        self.hf_start_s = 0.0
 
     def login(self, node: str) -> Account:
         """Who ``node``'s SSH sessions run as: on a stock node the first-boot user (``nvidia``, uid

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+from sparkconsole.sim.clock import NOMINAL
 
 SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "PIPE": 13, "ALRM": 14,
            "TERM": 15, "CONT": 18, "STOP": 19}
@@ -95,8 +98,15 @@ class ProcTable:
         self.procs[pid] = p
         return p
 
-    def start(self, p: Process, coro: Awaitable[int]) -> asyncio.Task[int]:
-        task: asyncio.Task[int] = asyncio.ensure_future(coro)
+    def start(self, p: Process, coro: Awaitable[int], *, on_its_own: bool = False) -> asyncio.Task[int]:
+        """Run ``coro`` as ``p``. ``on_its_own``: a container's detached process, whose time is not
+        that of the command that started it (clock.NOMINAL: a `docker run -d` returns at once)."""
+        if on_its_own:
+            ctx = contextvars.copy_context()
+            ctx.run(NOMINAL.set, None)
+            task: asyncio.Task[int] = asyncio.get_running_loop().create_task(coro, context=ctx)  # type: ignore[arg-type]
+        else:
+            task = asyncio.ensure_future(coro)
         p.task = task
 
         def finished(t: asyncio.Task[int]) -> None:

@@ -51,8 +51,8 @@ from sparkconsole.probe.script import (
     SECTION_BY_NAME,
     section_arm,
 )
-from sparkconsole.sim.clock import SimClock
-from sparkconsole.sim.model import SimCluster
+from sparkconsole.sim.clock import NOMINAL, SimClock
+from sparkconsole.sim.model import SimCluster, WorkSpan
 from sparkconsole.sim.readers import SimReaders, interval_from_command
 from sparkconsole.sim.shell import Shell
 
@@ -221,7 +221,14 @@ class NodeServer:
 
     async def _exec(self, process: asyncssh.SSHServerProcess, cmd: str) -> int:
         shell = Shell(self.sim, self.node)
-        run = asyncio.ensure_future(shell.run(cmd, self._writer(process.stdout), self._writer(process.stderr)))
+        span = WorkSpan("exec", self.node, self.sim.now())
+        if self.sim.record_work:
+            self.sim.work_spans.append(span)
+        mark = NOMINAL.set(span.nominal)  # the run's task takes a copy of this context: its sleeps count there
+        try:
+            run = asyncio.ensure_future(shell.run(cmd, self._writer(process.stdout), self._writer(process.stderr)))
+        finally:
+            NOMINAL.reset(mark)
         closed = asyncio.ensure_future(process.wait_closed())
         done, _ = await asyncio.wait({run, closed}, return_when=asyncio.FIRST_COMPLETED)
         if run not in done:

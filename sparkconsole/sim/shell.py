@@ -93,7 +93,7 @@ class Shell(SysTools, FileTools, NetTools, DockerTools, RayTools, HfTools, Rsync
         table = self.procs
         proc = table.spawn(["sh", "-c", cmdline])
         self.proc = proc
-        task = table.start(proc, self.run_script(cmdline, IO(out, err, None if stdin is None else Stream(stdin),
+        task = table.start(proc, self.run_script(cmdline, IO(out, err, None if stdin is None else stdin if isinstance(stdin, Stream) else Stream(stdin),
                                                              self.env_for({}), proc),
                                                  exec_in=proc))
         try:

@@ -78,8 +78,17 @@ def build_twin(twin: Twin, clock: SimClock | None = None, seed: int = 1234, imag
     c.invented = invented
     wire(c)
     c.scenario = "twin"
-    if twin.measured.get("hub_download"):
-        c.internet_bps = float(twin.measured["hub_download"])  # what the rehearsal read from the Hub
+    # what the rehearsal timed on the real nodes (deploy/rehearsal.py: read_cluster); the rest keeps
+    # a Spark pair's figures, and the report says they were not measured
+    m = twin.measured
+    if m.get("hub_download"):
+        c.internet_bps = float(m["hub_download"])  # a ranged read of the largest weight file
+    if m.get("fast_link_copy"):
+        c.fast_bps = float(m["fast_link_copy"])  # a stream over ssh to the peer
+    if m.get("peer_ssh_s") is not None:
+        c.peer_ssh_s = float(m["peer_ssh_s"])  # one `ssh PEER true`
+    if m.get("hf_start_s") is not None:
+        c.hf_start_s = float(m["hf_start_s"])  # `hf version`
     c.nodes = {}
     two = any(sum(1 for lk in f.links if lk.ipv4) > 1 for f in twin.nodes)
     c.layout = "two-subnet" if two else "netplan-ll"

@@ -19,12 +19,14 @@ import asyncio
 import contextlib
 import copy
 import fnmatch
+import functools
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sparkconsole.sim.model import ROOT, Account
+from sparkconsole.sim.clock import NOMINAL
+from sparkconsole.sim.model import ROOT, Account, WorkSpan
 from sparkconsole.sim.procs import SIGNALS, Process, ProcTable
 from sparkconsole.sim.sh import expand as X
 from sparkconsole.sim.sh.parse import (
@@ -73,6 +75,12 @@ class Stream(str):
     loop gets the same one, and ``read`` keeps how far it got beside it (:meth:`Interp.b_read`)."""
 
     __slots__ = ()
+
+
+@functools.lru_cache(maxsize=1)
+def zeros(n: int) -> Stream:
+    """``n`` NULs as a pipe's data, made once (a rehearsal streams the same 128 MiB each time)."""
+    return Stream("\0" * n)
 
 
 class Capture:
@@ -307,7 +315,16 @@ class Interp:
         lone = (not ao.rest and len(ao.first.cmds) == 1 and not ao.first.bang
                 and isinstance(ao.first.cmds[0], Simple))
 
+        span = None
+        first = ao.first.cmds[0]
+        if self.cluster.record_work and lone and isinstance(first, Simple) and first.words[:1] == ["setsid"]:
+            # remote.detached's form: a job the console waits for
+            span = WorkSpan("job", self.node_name, self.cluster.clock.now())
+            self.cluster.work_spans.append(span)
+
         async def job() -> int:
+            if span is not None:
+                NOMINAL.set(span.nominal)
             try:
                 if lone:
                     cmd = ao.first.cmds[0]
@@ -382,6 +399,11 @@ class Interp:
                 saver = self.fork()
                 saver.account = ROOT
             return await saver.image_copy(left, right, io)  # type: ignore[attr-defined]
+        if left[:2] == ["head", "-c"] and left[3:] == ["/dev/zero"] and left[2].isdigit():
+            # `head -c N /dev/zero | CMD` (remote.peer_link_rate's stream): the same N NULs, made
+            # once and not copied on the way, since a fast clock reads the simulator's own
+            # milliseconds as seconds of link time
+            return await self.fork().command(cmds[1], IO(io.out, io.err, zeros(int(left[2])), proc=io.proc))
         return None
 
     @staticmethod

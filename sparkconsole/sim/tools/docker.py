@@ -60,7 +60,6 @@ from sparkconsole.sim.container import (
 )
 from sparkconsole.sim.model import (
     DOCKER_VERSION,
-    IMAGE_COPY_BPS,
     IMAGES,
     MODELS,
     ROOT,
@@ -1046,7 +1045,7 @@ class DockerTools:
                     self.cluster.remove_container(ct)
 
         ct.main_pid = p.pid
-        return self.procs.start(p, main())
+        return self.procs.start(p, main(), on_its_own=True)
 
     def container_which(self, name: str) -> str | None:
         """``command -v NAME`` in a container: where the image has it."""
@@ -1163,7 +1162,7 @@ class DockerTools:
         run_io = IO(io.out, io.err, io.stdin, env, io.proc)
         if detach:
             p = self.procs.spawn(cmd, parent=None, bg=True)  # a child of the container's shim, not of ours
-            self.procs.start(p, sub.exec_argv(cmd, IO(_drop, _drop, "", env, p)))
+            self.procs.start(p, sub.exec_argv(cmd, IO(_drop, _drop, "", env, p)), on_its_own=True)
             return 0
         return await sub.external(cmd, run_io)
 
@@ -1391,7 +1390,8 @@ class DockerTools:
         if self.peel(self.tokenize(" ".join(cmd)))[:2] != ["docker", "load"]:  # ssh joins, the far shell splits
             io.err("sparksim: only `docker save IMAGE | ssh HOST docker load` is modelled\n")
             return 2
-        tr = Transfer("image", ref, self.node_name, dst.name, self.now(), img.size_bytes, IMAGE_COPY_BPS)
+        await self.clock.sleep(self.cluster.peer_ssh_s)
+        tr = Transfer("image", ref, self.node_name, dst.name, self.now(), img.size_bytes, self.cluster.image_bps)
         self.cluster.transfers.append(tr)
         ramp = CacheRamp(dst.name, tr.t0, tr.t1, img.size_bytes)
         self.cluster.cache_ramps.append(ramp)

@@ -29,6 +29,7 @@ from sparkconsole.sim.sh.interp import IO
 from sparkconsole.sim.tools.common import _hf_offline_error
 from sparkconsole.sim.vfs import FsError, node_path
 
+HF_CLI_VERSION = "2.4.0"  # what `hf version` says on the lab's hosts (only that line reads it)
 STEP_S = 2.0  # sim seconds between progress updates (file sizes, the bar)
 HF_USER = "sparkops"
 HF_ORGS = ("spark-lab",)
@@ -46,6 +47,10 @@ class HfTools:
         return await self.c_hf(["hf", *argv[1:]], io)
 
     async def c_hf(self, argv: list[str], io: IO) -> int:
+        await self.clock.sleep(self.cluster.hf_start_s)  # Python and huggingface_hub importing
+        if argv[1:2] == ["version"]:  # as huggingface_hub 2.4.0's hf prints it, into a pipe too (the lab)
+            io.out(f"\x1b[32m✓ hf version\x1b[0m\n  version: {HF_CLI_VERSION}\n")
+            return 0
         if argv[1:3] == ["auth", "whoami"] or argv[1:2] == ["whoami"]:
             return await self._hf_whoami(io)
         if argv[1:2] != ["download"]:

@@ -19,6 +19,7 @@ from sparkconsole.sim import formats as F
 from sparkconsole.sim import vllm_logs, vllm_metrics
 from sparkconsole.sim.model import (
     HUB_CONFIGS,
+    LAN_RSYNC_BPS,
     MODELS,
     LogLine,
     SimNode,
@@ -235,11 +236,14 @@ class NetTools:
                 await self.clock.sleep(3.0)
                 io.err(f"ssh: connect to host {h} port 22: No route to host\r\n")
             return 255
-        await self.clock.sleep(0.15)
+        await self.clock.sleep(self.cluster.peer_ssh_s)
         refused = self.ssh_refusal(dst, _ssh_user(argv[1:], host)[0], h)
         if refused is not None:
             io.err(refused)
             return 255
+        if io.stdin:  # what ssh carries to the far side, at the link's rate (the fast link's, or the LAN's)
+            fast = h in (dst.fast_ip, dst.fast_ip2)
+            await self.clock.sleep(len(io.stdin) / (self.cluster.fast_bps if fast else LAN_RSYNC_BPS))
         if not cmd:
             io.err("Pseudo-terminal will not be allocated because stdin is not a terminal.\r\n")
             return await Shell(self.cluster, dst.name).run(io.stdin or "", io.out, io.err, "")

@@ -206,7 +206,7 @@ class RsyncTools:
         total = sum(e.nbytes() for _r, _k, e in files)
         fast = host is not None and host.split("@")[-1] in (dst_node.fast_ip, dst_node.fast_ip2)
         rate = self.cluster.fast_bps if fast or host is None else LAN_RSYNC_BPS
-        await self.clock.sleep(0.3)
+        await self.clock.sleep(0.3 if host is None else self.cluster.peer_ssh_s + 0.15)  # the file lists (+ ssh)
 
         # transfers
         todo: list[tuple[str, Inode, int]] = []  # (rel, source entry, bytes already there)

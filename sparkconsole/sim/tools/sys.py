@@ -229,7 +229,7 @@ class SysTools:
         return 0
 
     async def c_date(self, argv: list[str], io: IO) -> int:
-        e = self.clock.epoch()
+        e = self.clock.epoch(self.clock.node_now())
         fmt = next((a[1:] for a in argv[1:] if a.startswith("+")), None)
         if fmt is None:
             io.out(time.strftime("%a %b %e %H:%M:%S UTC %Y", time.gmtime(e)) + "\n")
