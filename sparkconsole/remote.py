@@ -512,11 +512,10 @@ def hub_read_rate(model: str, filename: str, nbytes: int = HUB_PROBE_BYTES) -> R
 def parse_read_rate(text: str) -> float | None:
     """``BYTES FIRST_BYTE_S TOTAL_S`` (curl's -w) → bytes per second after the first byte; None when
     it did not read enough to tell (under 1 MiB, or no time)."""
-    words = text.strip().splitlines()[-1].split() if text.strip() else []
-    try:
-        n, first, total = float(words[0]), float(words[1]), float(words[2])
-    except (IndexError, ValueError):
+    got = _last_floats(text, 3)
+    if got is None:
         return None
+    n, first, total = got
     span = total - first
     return n / span if n >= 1 << 20 and span > 0 else None
 
@@ -543,13 +542,10 @@ def peer_link_rate(user_host: str, nbytes: int = LINK_PROBE_BYTES, *, port: int 
 def parse_link_rate(text: str) -> tuple[float, float | None] | None:
     """``BYTES T0 T1 T2`` → (one ssh connection's seconds, bytes per second of the stream after its
     own connection); None when the text is not that. The rate is None under 1 MiB or no time."""
-    words = text.strip().splitlines()[-1].split() if text.strip() else []
-    try:
-        n, t0, t1, t2 = (float(w) for w in words[:4])
-    except ValueError:
+    got = _last_floats(text, 4)
+    if got is None or got[2] < got[1] or got[3] < got[2]:
         return None
-    if len(words) < 4 or t1 < t0 or t2 < t1:
-        return None
+    n, t0, t1, t2 = got
     connect = t1 - t0
     stream = (t2 - t1) - connect
     return connect, (n / stream if n >= 1 << 20 and stream > 0 else None)
@@ -564,12 +560,17 @@ def hf_start_time() -> RemoteScript:
 
 def parse_span(text: str) -> float | None:
     """``T0 T1`` → seconds, None when the text is not that."""
+    got = _last_floats(text, 2)
+    return got[1] - got[0] if got is not None and got[1] >= got[0] else None
+
+
+def _last_floats(text: str, n: int) -> list[float] | None:
+    """The first ``n`` words of ``text``'s last line as numbers (a timed read's report), or None."""
     words = text.strip().splitlines()[-1].split() if text.strip() else []
     try:
-        t0, t1 = float(words[0]), float(words[1])
-    except (IndexError, ValueError):
+        return [float(w) for w in words[:n]] if len(words) >= n else None
+    except ValueError:
         return None
-    return t1 - t0 if t1 >= t0 else None
 
 
 def hf_download(model: str) -> RemoteCommand:

@@ -50,9 +50,8 @@ def twin_speed(twin: Twin) -> float:
     from sparkconsole.sim.model import FAST_LINK_RSYNC_BPS, INTERNET_BPS
 
     size = sum(f.size for f in twin.hub_files)
-    missing = [n for n, whole in twin.weights.items() if not whole]
     work = 0.0
-    if missing:
+    if not all(twin.weights.values()):
         if not any(twin.weights.values()):
             work += size / float(twin.measured.get("hub_download") or INTERNET_BPS)
         work += size / float(twin.measured.get("fast_link_copy") or FAST_LINK_RSYNC_BPS)

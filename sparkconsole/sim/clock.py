@@ -17,13 +17,27 @@ from __future__ import annotations
 import asyncio
 import time
 from contextvars import ContextVar
+from dataclasses import dataclass
 
-# The simulated seconds a task (and the tasks it starts) asked to wait, summed: a detached job's
-# *nominal* time (sim/model.py: JobSpan). A running clock's sleeps overshoot by the event loop's
-# latency times the speed (a 2 ms hiccup at x1000 reads as 2 s), so a twin's estimate counts what
-# each job asked for, not what the fast clock shows (deploy/rehearsal.py: work_intervals).
-# Each entry is ``[seconds asked, sim time it started]``.
-NOMINAL: ContextVar[list[float] | None] = ContextVar("sim_nominal", default=None)
+
+@dataclass
+class Waited:
+    """A command's or a job's own time: when it started and the simulated seconds it has asked to
+    wait (its sleeps, transfers and starts, each counted once slept). A running clock's sleeps
+    overshoot by the event loop's latency times the speed (a 2 ms hiccup at x1000 reads as 2 s), so
+    a twin's estimate (deploy/rehearsal.py: work_intervals) and a node's ``date`` inside a command
+    (:meth:`SimClock.node_now`) go by this, not by what the fast clock shows."""
+
+    t0: float
+    asked: float = 0.0
+
+    @property
+    def t1(self) -> float:
+        return self.t0 + self.asked
+
+
+# the :class:`Waited` of the command or job a task runs for (the tasks it starts inherit it)
+NOMINAL: ContextVar[Waited | None] = ContextVar("sim_nominal", default=None)
 
 # The demo's sim time 0 (for tests, a fixed date so rendered output is reproducible).
 DEFAULT_EPOCH = 1_774_633_200.0  # 2026-03-27 17:40:00 UTC
@@ -56,8 +70,8 @@ class SimClock:
         started), its start plus what it has waited for (:data:`NOMINAL`), so the simulator's own
         computing is not in a node's timings (``date`` around a stream: remote.peer_link_rate), as a
         real node's clock does not count the console's; elsewhere :meth:`now`."""
-        acc = NOMINAL.get()
-        return acc[1] + acc[0] if acc is not None and len(acc) > 1 and not self.manual else self.now()
+        w = NOMINAL.get()
+        return w.t1 if w is not None and not self.manual else self.now()
 
     def epoch(self, t: float | None = None) -> float:
         """Unix time of sim time ``t`` (default: now)."""
@@ -97,6 +111,6 @@ class SimClock:
             await fut
         # counted once slept: a sleep cut short is a watch beside the work (`timeout`'s, while its
         # command runs) or work that was killed, neither time the node spent on the command
-        acc = NOMINAL.get()
-        if acc is not None:
-            acc[0] += seconds
+        w = NOMINAL.get()
+        if w is not None:
+            w.asked += seconds

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkconsole.sim.clock import SimClock
+from sparkconsole.sim.clock import SimClock, Waited
 from sparkconsole.sim.procs import ProcTable
 from sparkconsole.sim.vfs import VFS, FsError
 
@@ -441,24 +441,13 @@ class CacheRamp:
         return self.t1 if end is None else min(self.t1, end)
 
 
-@dataclass
-class WorkSpan:
-    """Something a node worked on for the console: one command it ran over SSH (``exec``) or a
-    detached job (``job``: ``setsid nohup sh -c JOB &``, remote.detached). When it started and the
-    sim seconds it has asked to wait so far (its sleeps, transfers and starts: clock.NOMINAL), so its
-    length does not carry the fast clock's overshoot (deploy/rehearsal.py: work_intervals)."""
+@dataclass(kw_only=True)
+class WorkSpan(Waited):
+    """Something a node worked on for the console, with its own time (clock.Waited): one command it
+    ran over SSH (``exec``) or a detached job (``job``: ``setsid nohup sh -c JOB &``, remote.detached)."""
 
     kind: str
     node: str
-    t0: float
-    nominal: list[float] = field(default_factory=list)  # [seconds asked, t0]: clock.NOMINAL
-
-    def __post_init__(self) -> None:
-        self.nominal[:] = [0.0, self.t0]
-
-    @property
-    def t1(self) -> float:
-        return self.t0 + self.nominal[0]
 
 
 # ---- containers and engines --------------------------------------------------------------------

@@ -221,10 +221,10 @@ class NodeServer:
 
     async def _exec(self, process: asyncssh.SSHServerProcess, cmd: str) -> int:
         shell = Shell(self.sim, self.node)
-        span = WorkSpan("exec", self.node, self.sim.now())
+        span = WorkSpan(t0=self.sim.now(), kind="exec", node=self.node)
         if self.sim.record_work:
             self.sim.work_spans.append(span)
-        mark = NOMINAL.set(span.nominal)  # the run's task takes a copy of this context: its sleeps count there
+        mark = NOMINAL.set(span)  # the run's task takes a copy of this context: its sleeps count there
         try:
             run = asyncio.ensure_future(shell.run(cmd, self._writer(process.stdout), self._writer(process.stderr)))
         finally:

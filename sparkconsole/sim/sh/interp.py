@@ -319,12 +319,12 @@ class Interp:
         first = ao.first.cmds[0]
         if self.cluster.record_work and lone and isinstance(first, Simple) and first.words[:1] == ["setsid"]:
             # remote.detached's form: a job the console waits for
-            span = WorkSpan("job", self.node_name, self.cluster.clock.now())
+            span = WorkSpan(t0=self.cluster.clock.now(), kind="job", node=self.node_name)
             self.cluster.work_spans.append(span)
 
         async def job() -> int:
             if span is not None:
-                NOMINAL.set(span.nominal)
+                NOMINAL.set(span)
             try:
                 if lone:
                     cmd = ao.first.cmds[0]
@@ -401,8 +401,9 @@ class Interp:
             return await saver.image_copy(left, right, io)  # type: ignore[attr-defined]
         if left[:2] == ["head", "-c"] and left[3:] == ["/dev/zero"] and left[2].isdigit():
             # `head -c N /dev/zero | CMD` (remote.peer_link_rate's stream): the same N NULs, made
-            # once and not copied on the way, since a fast clock reads the simulator's own
-            # milliseconds as seconds of link time
+            # once and not copied on the way. A node's `date` leaves the simulator's computing out
+            # (clock.node_now), but the simulated `timeout 30` around the stream runs on the shared
+            # clock, where 100 ms of copying 128 MiB at x1000 would read as its 30 s running out
             return await self.fork().command(cmds[1], IO(io.out, io.err, zeros(int(left[2])), proc=io.proc))
         return None
 
