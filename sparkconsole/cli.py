@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from sparkconsole import __version__
+from sparkconsole.dependency_warnings import silence_dependency_deprecations
 from sparkconsole.errors import UserError
 
 # Order is the order `--help` lists them in.
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         "control services, follow engine logs, plan and deploy one large model across the nodes.",
     )
     parser.add_argument("--version", action="version", version=f"sparkconsole {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show every warning, the libraries' deprecation warnings included (before COMMAND)")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         module = importlib.import_module(f"sparkconsole.commands.{name}")
@@ -54,7 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    verbose = bool(args_list) and args_list[0] in ("-v", "--verbose")
+    if verbose:
+        args_list = args_list[1:]
+    # before the subcommands' modules import their libraries (asyncssh warns at import time)
+    silence_dependency_deprecations(verbose)
+    try:
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("sparkconsole: interrupted", file=sys.stderr)
+        return 130
     if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version")):
         args_list = ["tui", *args_list]
     args = parser.parse_args(args_list)

@@ -27,6 +27,24 @@ def real_fixture(rel: str) -> str:
     return strip_fixture_header((REAL / rel).read_text(encoding="utf-8"))
 
 
+def pytest_report_header(config) -> list[str]:
+    """The versions the suite ran with, and where they differ from uv.lock (scripts/test --latest)."""
+    import re
+    import tomllib
+    from importlib import metadata
+
+    lock = tomllib.loads((Path(__file__).parents[1] / "uv.lock").read_text(encoding="utf-8"))
+    locked = {p["name"]: p["version"] for p in lock["package"] if "version" in p}
+    installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
+    key = ("textual", "asyncssh", "cryptography", "huggingface-hub", "ray", "pytest")
+    lines = ["versions: " + ", ".join(f"{n} {installed.get(n, 'missing')}" for n in key)]
+    drift = [f"{n} {installed[n]} (lock {v})" for n, v in sorted(locked.items())
+             if n in installed and installed[n] != v and n != "sparkconsole"]
+    lines.append("differs from uv.lock: " + ", ".join(drift) if drift else
+                 "installed packages: as uv.lock pins them")
+    return lines
+
+
 @pytest.fixture(autouse=True)
 def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     """Keep the developer's own cluster config, journal and theme out of every test."""
