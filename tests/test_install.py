@@ -120,9 +120,9 @@ def _noisy_asyncssh(where: Path) -> Path:
         "class CryptographyDeprecationWarning(UserWarning):\n    pass\n"
         "warnings.warn('DSA is deprecated (injected)', CryptographyDeprecationWarning, stacklevel=1)\n"
         "warnings.warn('an old API (injected)', DeprecationWarning, stacklevel=1)\n"
-        "sys.path.remove(%r)\n"
+        f"sys.path.remove({str(where)!r})\n"
         "del sys.modules['asyncssh']\n"
-        "sys.modules['asyncssh'] = importlib.import_module('asyncssh')\n" % str(where))
+        "sys.modules['asyncssh'] = importlib.import_module('asyncssh')\n")
     return where
 
 

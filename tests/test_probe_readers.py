@@ -355,8 +355,11 @@ async def test_a_real_node_over_ssh_starts_at_most_one_process_per_tick(sshd, do
         sample = poller.state.sample
         assert sample is not None
         by_name = {c.name: c for c in sample.containers}
-        assert by_name[busy].cpu_pct is not None and by_name[busy].cpu_pct > 50  # a busy loop: about one core
-        assert by_name[idle].cpu_pct is not None and by_name[idle].cpu_pct < 20
+        busy_cpu, idle_cpu = by_name[busy].cpu_pct, by_name[idle].cpu_pct
+        assert busy_cpu is not None and idle_cpu is not None
+        # a busy loop against a ticker measured in the same run: what a loaded machine gives the
+        # loop (27 % with two burners beside it, a whole core when quiet) still dwarfs the ticker
+        assert busy_cpu > max(4 * idle_cpu, idle_cpu + 5), (busy_cpu, idle_cpu)
         assert by_name[busy].mem_used_bytes and by_name[busy].mem_limit_bytes
         assert "docker-stats" not in sample.sections  # the cgroup files stand in for it
     finally:
