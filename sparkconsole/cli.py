@@ -17,7 +17,7 @@ from sparkconsole.dependency_warnings import silence_dependency_deprecations
 from sparkconsole.errors import UserError
 
 # Order is the order `--help` lists them in.
-COMMANDS = ("tui", "demo", "deploy", "bench", "snapshot", "parse", "plan", "trust")
+COMMANDS = ("tui", "demo", "deploy", "bench", "snapshot", "parse", "plan", "trust", "recipes")
 
 
 class _Parser(argparse.ArgumentParser):
