@@ -140,14 +140,14 @@ async def _on_node(args, concs, config, node, t, R, B) -> dict[str, Any]:
         key_file = R.api_key_path(home)
     tool = args.tool
     if tool == "auto":
-        if eng.kind == "vllm" and not eng.on_host:
-            tool = "vllm"
+        if eng.engine.bench_tool == B.VLLM_BENCH and not eng.on_host:
+            tool = B.VLLM_BENCH
         elif (await t.run(R.uvx_available(), timeout=20)).ok:
             tool = "llama-benchy"
         else:
             raise UserError(f"no benchmark tool for the engine on port {eng.port}: it is not vLLM in a container "
                             "(vllm bench serve) and the node has no uvx (llama-benchy)", exit_code=1)
-    if tool == "vllm" and eng.on_host:
+    if tool == B.VLLM_BENCH and eng.on_host:
         raise UserError(f"the engine on port {eng.port} runs on the host, not in a container: --tool llama-benchy",
                         exit_code=1)
     tokenizer = target.model_path or eng.model
@@ -177,7 +177,7 @@ async def _on_node(args, concs, config, node, t, R, B) -> dict[str, Any]:
         journal.record(node=node.name, command=cmd.shell(), summary=cmd.summary, exit_code=res.exit_status,
                        duration_s=time.monotonic() - began, step="bench")
         outputs.append(res.stdout + res.stderr)
-        if tool == "vllm" and B.section_rc(res.stdout, "bench") not in (0, None):
+        if tool == B.VLLM_BENCH and B.section_rc(res.stdout, "bench") not in (0, None):
             raise UserError(f"vllm bench serve failed (exit {B.section_rc(res.stdout, 'bench')}): "
                             f"{_last_line(B.section_text(res.stdout, 'bench'))}", exit_code=1)
         if tool == "llama-benchy" and not res.ok:
@@ -187,7 +187,7 @@ async def _on_node(args, concs, config, node, t, R, B) -> dict[str, Any]:
     if not rows:
         raise UserError(f"{B.TOOL_NAMES[tool]} printed no result: {_last_line(outputs[-1] if outputs else '')}",
                         exit_code=1)
-    if tool == "vllm":  # a row without its concurrency (an older JSON): the command's, in order
+    if tool == B.VLLM_BENCH:  # a row without its concurrency (an older JSON): the command's, in order
         rows = [r if r.concurrency is not None or i >= len(concs) else B.BenchRow(**{**r.to_dict(), "concurrency": concs[i]})
                 for i, r in enumerate(rows)]
     engine_conc = await _engine_concurrency(t, eng, R)

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from sparkconsole.remote import validate_image
+from sparkconsole.serving.engines import SGLANG, VLLM, EngineKind, for_image
 
 MODULES = ("vllm", "transformers", "torch", "sglang", "ray")
 CLIS = ("hf", "ray", "vllm")  # the image's commands the flow may name as an entrypoint
@@ -174,7 +175,7 @@ def version_from_ref(ref: str) -> str | None:
 @dataclass(frozen=True)
 class KnownImage:
     ref: str
-    engine: str  # vllm | sglang
+    engine: EngineKind
     version: str
     archs: tuple[str, ...]
     note: str
@@ -190,14 +191,14 @@ QWEN35 = ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration
 # 13); NVIDIA's playbooks use NGC images. A CUDA 12.8 build failed on GB10 with "no kernel image is
 # available" (vllm#30855). The vLLM >= 0.16 builds know Qwen3.5.
 KNOWN_IMAGES: tuple[KnownImage, ...] = (
-    KnownImage("vllm/vllm-openai:v0.17.0-cu130", "vllm", "0.17.0", QWEN35,
+    KnownImage("vllm/vllm-openai:v0.17.0-cu130", VLLM, "0.17.0", QWEN35,
                "upstream vLLM 0.17.0, CUDA 13 build (Blackwell); has Ray; loads Qwen3.5-122B-A10B-FP8 at TP=2",
                ray=True),
-    KnownImage("nvcr.io/nvidia/vllm:26.03-py3", "vllm", "0.17.1", QWEN35,
+    KnownImage("nvcr.io/nvidia/vllm:26.03-py3", VLLM, "0.17.1", QWEN35,
                "NVIDIA's GB10 build (vLLM 0.17.1, CUDA 13); has Ray", ray=True),
-    KnownImage("nvcr.io/nvidia/vllm:26.05-py3", "vllm", "0.20.1", QWEN35,
+    KnownImage("nvcr.io/nvidia/vllm:26.05-py3", VLLM, "0.20.1", QWEN35,
                "NVIDIA's GB10 build (vLLM 0.20.1, CUDA 13); no Ray: vLLM's native multi-node", ray=False),
-    KnownImage("lmsysorg/sglang:v0.5.9-cu130", "sglang", "0.5.9", QWEN35,
+    KnownImage("lmsysorg/sglang:v0.5.9-cu130", SGLANG, "0.5.9", QWEN35,
                "experimental on Spark: validated at --mem-fraction-static 0.70; two-node NCCL start may hang"),
 )
 
@@ -220,10 +221,11 @@ def expected_facts(ref: str, architectures: tuple[str, ...] | list[str]) -> Engi
     ``hf`` (the sim's images and the captured ones have it). Used where running the image is not
     allowed (read-only, plan-only) or has not happened yet; the engine step's own check replaces it."""
     k = known(ref)
-    sglang = k.engine == "sglang" if k is not None else "sglang" in ref.rpartition(":")[0].rsplit("/", 1)[-1]
+    engine = k.engine if k is not None else (for_image(ref) or VLLM)
+    sglang = engine is SGLANG
     f = EngineFacts(image=ref, expected=True)
     version = k.version if k is not None else None if sglang else version_from_ref(ref)
-    f.versions["sglang" if sglang else "vllm"] = version
+    f.versions[engine.version_module or engine.name] = version
     for a in architectures:
         if k is not None and a in k.archs:
             f.archs[a] = True
@@ -232,8 +234,8 @@ def expected_facts(ref: str, architectures: tuple[str, ...] | list[str]) -> Engi
         else:
             f.archs[a] = None
     f.clis["hf"] = "hf"
-    if not sglang:
-        f.clis["vllm"] = "vllm"
+    if engine.entrypoint in CLIS:
+        f.clis[engine.entrypoint] = engine.entrypoint
     if k is not None and k.ray is not None:
         f.clis["ray"] = "ray" if k.ray else None
     return f

@@ -30,6 +30,8 @@ from sparkconsole.remote import (
     http_get_keyed,
     hub_file,
 )
+from sparkconsole.serving import engines as engine_kinds
+from sparkconsole.serving.engines import EngineKind
 
 if TYPE_CHECKING:
     from sparkconsole.deploy.steps.base import Step
@@ -188,6 +190,11 @@ class Flow:
     @property
     def engine(self) -> str:
         return str(self.plan.engine or self.options.engine)
+
+    @property
+    def engine_kind(self) -> EngineKind:
+        """The chosen engine's object (:mod:`sparkconsole.serving.engines`): what it takes, how it starts."""
+        return engine_kinds.get(self.engine)
 
     @property
     def executor(self) -> str:

@@ -33,8 +33,12 @@ from typing import Any
 
 from sparkconsole.errors import UserError, ValidationError
 
-TOOLS = ("vllm", "llama-benchy")
-TOOL_NAMES = {"vllm": "vllm bench serve", "llama-benchy": "llama-benchy"}
+#: the benchmark tools: ``vllm bench serve`` inside a vLLM engine's own container (an engine names
+#: it as its ``bench_tool``), and llama-benchy from ``uvx`` on the node for any OpenAI endpoint
+VLLM_BENCH = "vllm"
+LLAMA_BENCHY = "llama-benchy"
+TOOLS = (VLLM_BENCH, LLAMA_BENCHY)
+TOOL_NAMES = {VLLM_BENCH: "vllm bench serve", LLAMA_BENCHY: "llama-benchy"}
 # the fields ``bench --json`` gives per row (the issue's, plus the tool that measured it)
 JSON_FIELDS = ("concurrency", "requests", "prompt_tokens_per_s", "generation_tokens_per_s", "ttft_p50_s",
                "ttft_p95_s", "itl_p50_s", "tool")
@@ -124,7 +128,7 @@ def parse_vllm_bench_result(json_text: str) -> BenchRow | None:
         concurrency=conc, requests=_int(d.get("completed")), prompt_tokens_per_s=prompt_tps,
         generation_tokens_per_s=_num(d.get("output_throughput")),
         ttft_p50_s=_ms(d.get("p50_ttft_ms", d.get("median_ttft_ms"))), ttft_p95_s=_ms(d.get("p95_ttft_ms")),
-        itl_p50_s=_ms(d.get("p50_itl_ms", d.get("median_itl_ms"))), tool="vllm",
+        itl_p50_s=_ms(d.get("p50_itl_ms", d.get("median_itl_ms"))), tool=VLLM_BENCH,
         itl_p95_s=_ms(d.get("p95_itl_ms")), ttft_mean_s=_ms(d.get("mean_ttft_ms")), itl_mean_s=_ms(d.get("mean_itl_ms")),
         failed=_int(d.get("failed")), duration_s=duration, input_tokens=total_in,
         output_tokens=_int(d.get("total_output_tokens")))
@@ -185,7 +189,7 @@ def _stdout_row(b: dict[str, float], ns_conc: int | None) -> BenchRow:
         prompt_tokens_per_s=total_in / duration if total_in is not None and duration else None,
         generation_tokens_per_s=b.get("Output token throughput (tok/s)"),
         ttft_p50_s=ms("P50 TTFT (ms)", "Median TTFT (ms)"), ttft_p95_s=ms("P95 TTFT (ms)"),
-        itl_p50_s=ms("P50 ITL (ms)", "Median ITL (ms)"), tool="vllm", itl_p95_s=ms("P95 ITL (ms)"),
+        itl_p50_s=ms("P50 ITL (ms)", "Median ITL (ms)"), tool=VLLM_BENCH, itl_p95_s=ms("P95 ITL (ms)"),
         ttft_mean_s=ms("Mean TTFT (ms)"), itl_mean_s=ms("Mean ITL (ms)"),
         failed=int(b["Failed requests"]) if "Failed requests" in b else None, duration_s=duration,
         input_tokens=int(total_in) if total_in is not None else None,
@@ -268,7 +272,7 @@ def bench_commands(engine_port: int, served_name: str, tokenizer: str | None, co
                    *, key_file: str | None = None, stamp: str | None = None,
                    time_limit_s: int = DEFAULT_TIME_LIMIT_S) -> list:
     """The commands that benchmark one engine on the head, in order (a list of
-    :class:`~sparkconsole.remote.RemoteCommand`): with ``tool="vllm"`` one ``vllm bench serve`` per
+    :class:`~sparkconsole.remote.RemoteCommand`): with ``tool=VLLM_BENCH`` one ``vllm bench serve`` per
     concurrency in the engine's ``container`` (each prints its stdout, then the JSON it saved, in
     sections :func:`rows_from_outputs` reads); with ``"llama-benchy"`` one ``uvx llama-benchy`` for
     every concurrency. ``requests`` is per concurrency (at least the concurrency itself); each command
@@ -280,7 +284,7 @@ def bench_commands(engine_port: int, served_name: str, tokenizer: str | None, co
     if tool not in TOOLS:
         raise ValidationError(f"not a benchmark tool: {tool!r} (choose {', '.join(TOOLS)})")
     stamp = stamp or new_stamp()
-    if tool == "vllm":
+    if tool == VLLM_BENCH:
         if container is None:
             raise ValidationError("vllm bench serve runs in the engine's container: this engine has none")
         return [R.vllm_bench_serve(container, engine_port, served_name, tokenizer or served_name,

@@ -1,5 +1,5 @@
-"""Engines found on their own (issue 24, item 1): which vLLM and SGLang servers a node runs, read
-from their command lines, so the console can scrape each one's ``/metrics`` on the node itself
+"""Engines found on their own: which inference servers (every engine of
+:mod:`sparkconsole.serving.engines`) a node runs, read from their command lines, so the console can scrape each one's ``/metrics`` on the node itself
 (``curl 127.0.0.1:PORT`` through the node's SSH connection: the laptop may not reach the port, and
 SGLang binds to 127.0.0.1 unless told otherwise).
 
@@ -21,16 +21,12 @@ from dataclasses import dataclass
 
 from sparkconsole.probe.script import split_tick
 from sparkconsole.remote import SECTION_MARK
+from sparkconsole.serving import engines as engine_kinds
+from sparkconsole.serving.engines.base import positional as positional_of
 
 Row = tuple[str, "str | None", Sequence[str]]
 
-# the defaults each server listens on when its command line says nothing: vLLM's ``--port`` 8000
-# and no ``--host`` (every address); SGLang's ServerArgs ``port=30000``, ``host="127.0.0.1"``
 POOLING_TASKS = frozenset({"embed", "embedding", "score", "reward", "classify", "pooling"})
-DEFAULTS = {"vllm": (8000, "0.0.0.0"), "sglang": (30000, "127.0.0.1")}
-
-VLLM_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
-SGLANG_MODULES = ("sglang.launch_server",)
 # wrappers that run the rest of their arguments as the command (NVIDIA's NGC entrypoint ends in
 # ``exec "$@"``)
 _PASS_THROUGH = {"nohup", "setsid", "exec", "nvidia_entrypoint.sh", "tini", "dumb-init", "--"}
@@ -49,7 +45,7 @@ class Engine:
     engine may still take one from ``VLLM_API_KEY``."""
 
     node: str
-    kind: str  # "vllm" | "sglang"
+    kind: str  # the engine's name (sparkconsole.serving.engines.ENGINES)
     where: str
     image: str | None
     model: str | None
@@ -65,6 +61,11 @@ class Engine:
     @property
     def on_host(self) -> bool:
         return self.image is None
+
+    @property
+    def engine(self) -> engine_kinds.EngineKind:
+        """The engine's object (its label, metrics, defaults)."""
+        return engine_kinds.get(self.kind)
 
 
 def engines_from_cmdlines(rows: Iterable[Row], node: str = "") -> list[Engine]:
@@ -95,9 +96,8 @@ def _engine(node: str, where: str, image: str | None, argv: list[str]) -> Engine
         return None
     kind, args, positional = cmd
     opts = _options(args)
-    served = opts.get("served-model-name")
-    model = served or opts.get("model-path" if kind == "sglang" else "model") or opts.get("model") or positional
-    port_d, host_d = DEFAULTS[kind]
+    model = kind.served_model(opts, positional)
+    port_d, host_d = kind.default_port, kind.default_host
     port_s = opts.get("port")
     try:
         port = int(port_s) if port_s is not None else port_d
@@ -105,18 +105,18 @@ def _engine(node: str, where: str, image: str | None, argv: list[str]) -> Engine
         return None
     if not 0 < port < 65536:
         return None
-    path = opts.get("tokenizer") or opts.get("model-path") or opts.get("model") or positional or _positional(args)
+    path = opts.get("tokenizer") or opts.get("model-path") or opts.get("model") or positional or positional_of(args)
     pooling = (opts.get("runner") == "pooling" or opts.get("task") in POOLING_TASKS
                or opts.get("convert") in ("embed", "classify"))
-    return Engine(node=node, kind=kind, where=where, image=image, model=model or None, port=port,
+    return Engine(node=node, kind=kind.name, where=where, image=image, model=model or None, port=port,
                   host=opts.get("host") or host_d, api_key_on_cmdline="api-key" in opts, model_path=path or None,
                   pooling=pooling)
 
 
-def _unwrap(argv: list[str], depth: int = 0) -> tuple[str, list[str], str | None] | None:
-    """``(kind, the server's own arguments, the positional model or None)`` of a command line, past
-    its wrappers (``env K=V``, ``nohup``, NGC's entrypoint, ``sh -c 'exec …'``, the python that runs
-    vLLM's console script), else None."""
+def _unwrap(argv: list[str], depth: int = 0) -> tuple[engine_kinds.EngineKind, list[str], str | None] | None:
+    """``(engine, the server's own arguments, the positional model or None)`` of a command line,
+    past its wrappers (``env K=V``, ``nohup``, NGC's entrypoint, ``sh -c 'exec …'``, the shell or
+    Python that runs an engine's console script), else None."""
     if depth > 4:
         return None
     i = 0
@@ -134,40 +134,23 @@ def _unwrap(argv: list[str], depth: int = 0) -> tuple[str, list[str], str | None
     if not argv:
         return None
     base = argv[0].rsplit("/", 1)[-1]
-    if (argv[0] in _SHELLS or base in _SHELLS) and len(argv) > 2 and argv[1] == "-c":
+    shell = argv[0] in _SHELLS or base in _SHELLS
+    if shell and len(argv) > 2 and argv[1] == "-c":
         try:
             inner = shlex.split(argv[2])
         except ValueError:
             return None
         return _unwrap(inner, depth + 1)
-    if (argv[0] in _SHELLS or base in _SHELLS) and len(argv) > 1 and argv[1].rsplit("/", 1)[-1] in ("vllm", "sglang"):
+    scripts = engine_kinds.script_names()
+    if shell and len(argv) > 1 and argv[1].rsplit("/", 1)[-1] in scripts:
         return _unwrap(argv[1:], depth + 1)  # ps: sh /usr/local/bin/vllm serve … (a shell wrapper named vllm)
     if base.startswith("python"):
         j = 1
         while j < len(argv) and argv[j].startswith("-") and argv[j] != "-m":
             j += 2 if argv[j] in _PY_OPTS_WITH_VALUE else 1
-        if j + 1 < len(argv) and argv[j] == "-m":
-            mod, rest = argv[j + 1], argv[j + 2:]
-            if mod in VLLM_MODULES:
-                return "vllm", rest, None
-            if mod in SGLANG_MODULES:
-                return "sglang", rest, None
-            if mod == "vllm.entrypoints.cli.main" and rest[:1] == ["serve"]:
-                return "vllm", rest[1:], _positional(rest[1:])
-            return None
-        if j < len(argv) and argv[j].rsplit("/", 1)[-1] in ("vllm", "sglang"):  # ps: python3 /usr/local/bin/vllm
-            return _unwrap(argv[j:], depth + 1)
-        return None
-    if base == "vllm" and argv[1:2] == ["serve"]:
-        return "vllm", argv[2:], _positional(argv[2:])
-    if base == "sglang" and argv[1:2] == ["serve"]:
-        return "sglang", argv[2:], None
-    return None
-
-
-def _positional(args: list[str]) -> str | None:
-    """``vllm serve MODEL …``: the model is the first argument when it is not an option."""
-    return args[0] if args and not args[0].startswith("-") else None
+        if j < len(argv) and argv[j] != "-m" and argv[j].rsplit("/", 1)[-1] in scripts:
+            return _unwrap(argv[j:], depth + 1)  # ps: python3 /usr/local/bin/vllm
+    return engine_kinds.recognise(argv)
 
 
 def _options(args: list[str]) -> dict[str, str]:

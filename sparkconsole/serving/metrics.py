@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-Kind = Literal["vllm", "sglang"]
+from sparkconsole.serving.engines import ENGINES
+
+Kind = str  # an engine's name (sparkconsole.serving.engines.ENGINES)
 
 
 @dataclass(frozen=True)
@@ -69,57 +70,21 @@ class EngineMetrics:
     sources: Mapping[str, str] = field(default_factory=dict)
 
 
-# Sample names by field, preferred first. Only these are read: a metric we do not know cannot make
-# an entry of its own (SGLang 0.4's ``func_latency_seconds{name="generate_request"}`` has a ``name``
-# label that is a function, not a model).
-_SCALARS: dict[Kind, dict[str, tuple[str, ...]]] = {
-    "vllm": {
-        "requests_running": ("vllm:num_requests_running",),
-        "requests_waiting": ("vllm:num_requests_waiting",),
-        "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        "prompt_tokens": ("vllm:prompt_tokens_total",),
-        "generation_tokens": ("vllm:generation_tokens_total",),
-        "preemptions": ("vllm:num_preemptions_total",),
-        "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-        "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    },
-    "sglang": {
-        "requests_running": ("sglang:num_running_reqs", "sglang:num_requests_running"),
-        "requests_waiting": ("sglang:num_queue_reqs", "sglang:num_requests_waiting"),
-        "kv_cache_usage": ("sglang:token_usage",),
-        "gen_throughput": ("sglang:gen_throughput",),
-        "prompt_tokens": ("sglang:prompt_tokens_total",),
-        "generation_tokens": ("sglang:generation_tokens_total",),
-    },
-}
-_HISTOGRAMS: dict[Kind, dict[str, tuple[str, ...]]] = {
-    "vllm": {
-        "ttft": ("vllm:time_to_first_token_seconds",),
-        "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-        "e2e": ("vllm:e2e_request_latency_seconds",),
-        "queue_time": ("vllm:request_queue_time_seconds",),
-    },
-    "sglang": {
-        "ttft": ("sglang:time_to_first_token_seconds",),
-        "itl": ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
-        "e2e": ("sglang:e2e_request_latency_seconds",),
-        # 0.3.5 called the time a request waited in the queue ``waiting_request_latency_seconds``
-        "queue_time": ("sglang:queue_time_seconds", "sglang:waiting_request_latency_seconds"),
-    },
-}
+# Sample names by field, preferred first, as each engine declares them (``engine.metrics``). Only
+# these are read: a metric we do not know cannot make an entry of its own (SGLang 0.4's
+# ``func_latency_seconds{name="generate_request"}`` has a ``name`` label that is a function, not a model).
 _HIST_SUFFIXES = ("_bucket", "_count", "_sum")
 
 # sample name -> (kind, field, preference rank, part) with part "" for scalars, else the suffix
 _INDEX: dict[str, tuple[Kind, str, int, str]] = {}
-for _kind, _table in _SCALARS.items():
-    for _field, _names in _table.items():
+for _engine in ENGINES.values():
+    for _field, _names in _engine.metrics.scalars.items():
         for _rank, _name in enumerate(_names):
-            _INDEX[_name] = (_kind, _field, _rank, "")
-for _kind, _table in _HISTOGRAMS.items():
-    for _field, _names in _table.items():
+            _INDEX[_name] = (_engine.name, _field, _rank, "")
+    for _field, _names in _engine.metrics.histograms.items():
         for _rank, _name in enumerate(_names):
             for _suffix in _HIST_SUFFIXES:
-                _INDEX[_name + _suffix] = (_kind, _field, _rank, _suffix)
+                _INDEX[_name + _suffix] = (_engine.name, _field, _rank, _suffix)
 
 
 def _finite(v: object) -> float | None:
@@ -191,8 +156,7 @@ def _parse_metrics(text: str) -> list[EngineMetrics]:
         if hit is None:
             continue
         kind, fld, rank, part = hit
-        # SGLang 0.3 labelled the model ``name``; everything since, and vLLM, ``model_name``
-        model = labels.get("model_name") or (labels.get("name") if kind == "sglang" else None)
+        model = next((labels[k] for k in ENGINES[kind].metrics.model_labels if labels.get(k)), None)
         key = (kind, model, labels.get("engine"))
         if key not in scalars:
             scalars[key] = {}
@@ -371,6 +335,6 @@ def sample_pattern() -> str:
     proportion (``benchmarks/ui_cost.py``). Names come from the same tables the parser uses, so the
     two cannot drift; a name is followed by its labels or by the value (``NAME{`` / ``NAME ``), so
     ``vllm:time_per_output_token_seconds`` never matches ``…request_time_per_output_token…``."""
-    scalars = sorted({n for t in _SCALARS.values() for names in t.values() for n in names})
-    hists = sorted({n for t in _HISTOGRAMS.values() for names in t.values() for n in names})
+    scalars = sorted({n for e in ENGINES.values() for names in e.metrics.scalars.values() for n in names})
+    hists = sorted({n for e in ENGINES.values() for names in e.metrics.histograms.values() for n in names})
     return "^(" + "|".join(scalars) + "|(" + "|".join(hists) + ")_(bucket|count|sum))[{ ]"

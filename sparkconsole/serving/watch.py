@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sparkconsole.serving import engines as engine_kinds
 from sparkconsole.serving.discover import Engine
 from sparkconsole.serving.metrics import (
     EngineMetrics,
@@ -142,7 +143,8 @@ def version_from_image(image: str | None) -> str | None:
     if not image or ":" not in image.rsplit("/", 1)[-1]:
         return None
     repo, tag = image.rsplit(":", 1)
-    if repo.rsplit("/", 1)[-1] not in ("vllm-openai", "sglang") or repo.startswith("nvcr.io/"):
+    engine = engine_kinds.for_image(image)
+    if engine is None or repo.rsplit("/", 1)[-1] not in engine.image_repos or repo.startswith("nvcr.io/"):
         return None
     m = re.match(r"v?(\d+\.\d+(?:\.\d+)?(?:rc\d+)?)", tag)
     return m.group(1) if m else None
@@ -250,8 +252,8 @@ class EngineWatch:
         dt = t - prev[0] if prev else None
         p_rate = rate(prev[1].prompt_tokens, cur.prompt_tokens, dt) if prev else None
         g_rate = rate(prev[1].generation_tokens, cur.generation_tokens, dt) if prev else None
-        if g_rate is None and cur.gen_throughput is not None and cur.kind == "sglang":
-            g_rate = cur.gen_throughput  # SGLang computes its own over its last interval
+        if g_rate is None and cur.gen_throughput is not None and engine_kinds.get(cur.kind).metrics.rate_gauge:
+            g_rate = cur.gen_throughput  # the engine computes its own over its last interval (SGLang)
         r1, r5 = self._reference(now, WINDOWS[0]), self._reference(now, WINDOWS[1])
 
         below: dict[str, float] = {}

@@ -17,6 +17,7 @@ from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.serving.bench import (
+    VLLM_BENCH,
     BenchRun,
     bench_commands,
     rows_from_outputs,
@@ -43,8 +44,9 @@ class Benchmark(Step):
         flow = self.flow
         if self.runner.state.result != "served":
             return "the endpoint was not verified"
-        if flow.engine == "sglang":
-            return "SGLang serves: its image has no `vllm bench serve` (run `sparkconsole bench --tool llama-benchy`)"
+        if flow.engine_kind.bench_tool != VLLM_BENCH:
+            return (f"{flow.engine_kind.label} serves: its image has no `vllm bench serve` "
+                    "(run `sparkconsole bench --tool llama-benchy`)")
         return None
 
     async def decide(self) -> None:
@@ -66,9 +68,9 @@ class Benchmark(Step):
     def _commands(self, stamp: str):
         flow = self.flow
         key = flow.api_key_file if flow.plan.access == "api-key" else None
-        container = flow.container("ray") if flow.executor == "ray" else flow.container("vllm")
+        container = flow.container("ray") if flow.executor == "ray" else flow.container(flow.engine_kind.name)
         return bench_commands(flow.options.port, flow.served_name, flow.options.model, container,
-                              self._concurrencies(), REQUESTS, INPUT_LEN, OUTPUT_LEN, "vllm", key_file=key,
+                              self._concurrencies(), REQUESTS, INPUT_LEN, OUTPUT_LEN, VLLM_BENCH, key_file=key,
                               stamp=stamp, time_limit_s=TIME_LIMIT_S)
 
     async def send(self) -> None:
@@ -87,11 +89,11 @@ class Benchmark(Step):
                                  "the endpoint still serves; run `sparkconsole bench` to try again")
         if self.runner.rehearsing:
             return
-        rows = rows_from_outputs("vllm", outputs)
+        rows = rows_from_outputs(VLLM_BENCH, outputs)
         if not rows:
             raise StepFailed("the benchmark printed no result", "run `sparkconsole bench` to see its output")
         cluster = self.runner.state.cluster or "cluster"
-        run = BenchRun.new(cluster, flow.head, flow.served_name, flow.options.port, "vllm", rows,
+        run = BenchRun.new(cluster, flow.head, flow.served_name, flow.options.port, VLLM_BENCH, rows,
                            {"concurrency": self._concurrencies(), "requests": REQUESTS, "time_limit_s": TIME_LIMIT_S,
                             "input_len": INPUT_LEN, "output_len": OUTPUT_LEN},
                            deployment=self.runner.state.id, plan_max_concurrency=flow.plan.max_concurrency)

@@ -80,7 +80,7 @@ class Cluster(Step):
         return bool(clis.get("ray")) and bool(versions.get("ray"))
 
     async def decide(self) -> None:
-        if self.flow.engine == "sglang":
+        if "ray" not in self.flow.engine_kind.executors:  # no Ray path (SGLang): its own multi-node start
             self.flow.update(executor="native")
             return
         has_ray = self._image_has_ray()

@@ -24,6 +24,7 @@ from sparkconsole.remote import (
     docker_pull,
     python_in_image,
 )
+from sparkconsole.serving.engines import VLLM, for_image
 
 
 class Engine(Step):
@@ -75,7 +76,7 @@ class Engine(Step):
         head = flow.fact(flow.head)
         present = {normalize_image(i.ref) for x in flow.facts.values() for i in x.images}
         candidates = [flow.options.image] if flow.options.image else sorted(
-            (i.ref for i in head.images if "vllm" in i.ref or "sglang" in i.ref), reverse=True)
+            (i.ref for i in head.images if for_image(i.ref) is not None), reverse=True)
         measured, good = [], []
         unchecked, maybe = [], []  # not run yet; of those, vLLM images whose name does not say
         for img in candidates:
@@ -100,7 +101,7 @@ class Engine(Step):
                                 f", SGLang {ef.versions.get('sglang') or '-'}: {arch} {verdict}; " + _build_words(ef))
             if knows and ef.vllm and gpu is None:  # an SGLang image is offered as the SGLang engine, below
                 good.append((engines.version_tuple(ef.vllm), img))
-            elif ef.expected and knows is None and "vllm" in ef.versions:
+            elif ef.expected and knows is None and VLLM.version_module in ef.versions:
                 maybe.append(img)
         why_not = self._not_run_why()
         if why_not and unchecked:
@@ -109,21 +110,21 @@ class Engine(Step):
                              "choice goes by the images' names", "warning")
         options = [Option(img, f"{img} (on the nodes, knows {arch})", "already here: nothing to pull"
                           + ("" if self._measured(img) else "; its own Python is run before anything is copied"),
-                          payload=ImageChoice("vllm", img)) for _, img in sorted(good, reverse=True)]
+                          payload=ImageChoice(VLLM.name, img)) for _, img in sorted(good, reverse=True)]
         # on the nodes, and its name does not say: trying it costs one run of its Python, not a pull
         options += [Option(img, f"{img} (on the nodes; {arch} unknown until its Python runs)",
                            "its own Python is run before anything is copied; if it does not register "
-                           f"{arch}, this step asks again", payload=ImageChoice("vllm", img)) for img in maybe]
+                           f"{arch}, this step asks again", payload=ImageChoice(VLLM.name, img)) for img in maybe]
         for k in engines.KNOWN_IMAGES:
-            if k.engine == "vllm" and all(o.value != k.ref for o in options) and arch in k.archs:
+            if k.engine is VLLM and all(o.value != k.ref for o in options) and arch in k.archs:
                 options.append(Option(k.ref, f"{k.ref} (vLLM {k.version}, known to work)",
                                       k.note + ("; present" if normalize_image(k.ref) in present else
                                                 "; pulled on a node with internet, copied to the others"),
-                                      payload=ImageChoice("vllm", k.ref)))
-        sg = next((k for k in engines.KNOWN_IMAGES if k.engine == "sglang"), None)
-        if sg is not None:
-            options.append(Option("sglang", f"SGLang ({sg.ref})", sg.note, experimental=True,
-                                  payload=ImageChoice("sglang", sg.ref)))
+                                      payload=ImageChoice(VLLM.name, k.ref)))
+        for other in (k for k in engines.KNOWN_IMAGES if k.engine is not VLLM):  # another engine, experimental
+            if all(o.value != other.engine.name for o in options):
+                options.append(Option(other.engine.name, f"{other.engine.label} ({other.ref})", other.note,
+                                      experimental=True, payload=ImageChoice(other.engine.name, other.ref)))
         rec = options[0].value
         why = (f"{options[0].value} knows {arch}" if good else
                f"{rec} is on the nodes and may know {arch} (its name does not say): its own Python is run first, "
@@ -131,7 +132,7 @@ class Engine(Step):
                f"no image on the nodes knows {arch}; {rec} does (pinned by its image ID after the pull)")
         d = Decision("engine.image", self.id, "Engine compatibility: which image serves the model",
                      tuple(measured), tuple(options), rec, why, free_text=True,
-                     parse=lambda ref: ImageChoice("vllm", ref))  # an image the operator names
+                     parse=lambda ref: ImageChoice(VLLM.name, ref))  # an image the operator names
         choice: ImageChoice = await self.runner.choose(d)
         flow.update(engine=choice.engine, image=choice.ref)
         # chosen with its own Python's verdict in hand: a failed check then stops instead of asking again
@@ -200,13 +201,13 @@ class Engine(Step):
             raise GoTo("engine", f"{img}: {why}")
         self.runner.note(f"{img}: vLLM {ef.vllm or '-'}, SGLang {ef.versions.get('sglang') or '-'}, "
                     f"{arch} registered; {_build_words(ef)}; image ID {ident[:19]}")
-        if flow.engine == "vllm" and ef.has("ray") is False and flow.executor == "ray":
+        if ef.has("ray") is False and flow.executor == "ray":
             self.runner.note(f"{img} has no Ray (NGC 26.05 and vLLM images from about 0.19 ship without it): the "
                              "cluster step offers vLLM's native multi-node instead", "warning")
         if ef.cuda and engines.version_tuple(ef.cuda) < (13,):
             self.runner.note(f"{img} is a CUDA {ef.cuda} build: vLLM's Blackwell recipe names the -cu130 tags "
                              "(from 0.20 the plain tag is CUDA 13)", "warning")
-        if flow.engine == "vllm" and ef.vllm:
+        if flow.engine_kind is VLLM and ef.vllm:  # the planner is vLLM's own arithmetic
             self._replan(ef.vllm)
 
     def _replan(self, version: str) -> None:

@@ -15,6 +15,7 @@ from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
 from sparkconsole.planner.plan import PlanOptions, compare_tp, layout_row
+from sparkconsole.serving.engines import VLLM
 
 if TYPE_CHECKING:
     from sparkconsole.deploy.flow import Flow
@@ -45,7 +46,7 @@ class Plan(Step):
         if not img:
             return None
         known = next((k.version for k in engines.KNOWN_IMAGES
-                      if k.engine == "vllm" and normalize_image(k.ref) == normalize_image(img)), None)
+                      if k.engine is VLLM and normalize_image(k.ref) == normalize_image(img)), None)
         return known or engines.version_from_ref(img)
 
     @staticmethod

@@ -38,11 +38,11 @@ from sparkconsole.remote import (
     with_key_from_file,
     write_in_container,
 )
+from sparkconsole.serving import engines as engine_kinds
+from sparkconsole.serving.engines import ServeSpec
 
-# VLLM_CONFIG_ROOT's default in a root container (~/.config/vllm): vllm/ray/ray_env.py reads
-# ray_non_carry_over_env_vars.json there
-VLLM_CONFIG_ROOT = "/root/.config/vllm"
-NON_CARRY_OVER = f"{VLLM_CONFIG_ROOT}/ray_non_carry_over_env_vars.json"
+# vllm/ray/ray_env.py reads ray_non_carry_over_env_vars.json in VLLM_CONFIG_ROOT (the engine's own)
+NON_CARRY_OVER = f"{engine_kinds.VLLM.config_root}/ray_non_carry_over_env_vars.json"
 
 # ``docker logs -t``: each line after the time docker read it, RFC 3339 with nanoseconds
 _STAMPED = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)(?: (.*))?")
@@ -152,20 +152,18 @@ class Serve(Step):
     decisions = ("serve.access", "serve.failure", "serve.hang")
     STATE_EVERY_POLLS = 3  # the engine's containers are read at least this often while the log moves
 
-    def _vllm_args(self) -> list[str]:
+    def _spec(self) -> ServeSpec:
+        """What to serve, in the engine's neutral terms: the plan's numbers and the extra flags."""
         flow = self.flow
-        pp = int(flow.plan.pp or 1)
-        args = [flow.options.model, "--tensor-parallel-size", str(flow.plan.tp or 1),
-                *(["--pipeline-parallel-size", str(pp)] if pp > 1 else []),
-                "--gpu-memory-utilization", str(flow.plan.gmu or 0.85),
-                "--max-model-len", str(flow.plan.max_model_len or 65536),
-                "--served-model-name", self.flow.served_name, "--host", self._bind_host(), "--port", str(flow.options.port)]
-        if flow.plan.kv_cache_dtype == "fp8":
-            args += ["--kv-cache-dtype", "fp8"]
+        extra: list[str] = []
         parser = flow.options.reasoning_parser or ("qwen3" if "qwen3" in flow.options.model.lower() else None)
-        if parser:
-            args += ["--reasoning-parser", parser]
-        return args
+        if parser and flow.engine_kind.takes_reasoning_parser:
+            extra += ["--reasoning-parser", parser]
+        return ServeSpec(model=flow.options.model, served_name=flow.served_name, host=self._bind_host(),
+                         port=int(flow.options.port), tp=int(flow.plan.tp or 1), pp=int(flow.plan.pp or 1),
+                         gpu_memory_utilization=float(flow.plan.gmu or 0.85),
+                         max_model_len=int(flow.plan.max_model_len or 65536),
+                         kv_cache_dtype=flow.plan.kv_cache_dtype, extra_args=tuple(extra))
 
     def _log(self) -> str:
         return f"{self.flow.fact(self.flow.head).hf_dir}/sparkconsole/{self.runner.state.short_id}/serve.log"
@@ -179,13 +177,14 @@ class Serve(Step):
         logs, which this console follows and prints."""
         flow = self.flow
         port, host = flow.options.port, self.runner.head.host
-        sglang = flow.engine == "sglang"
+        kind = flow.engine_kind
+        keyless = kind.api_key_env is None  # a key only on its command line (SGLang): not offered
         options = []
-        if not sglang:
+        if not keyless:
             options.append(Option(
                 "api-key", "every interface, with an API key",
-                f"vLLM answers /v1 only with the key (401 without it; /health and /metrics stay open); the key is "
-                f"made on {flow.head} and stays there ({flow.api_key_file}, mode 600), given to vLLM in its "
+                f"{kind.label} answers /v1 only with the key (401 without it; /health and /metrics stay open); the key is "
+                f"made on {flow.head} and stays there ({flow.api_key_file}, mode 600), given to {kind.label} in its "
                 "environment: never in a command line, the journal, the state or this console's output"))
         options += [
             Option("local", "127.0.0.1 only, through an SSH tunnel",
@@ -197,15 +196,15 @@ class Serve(Step):
         measured = (f"the engine's API: port {port} of {flow.head} ({host})",
                     f"{flow.engine} without a key answers anyone who reaches that port")
         if len(flow.nodes) > 1:
-            ports = ("SGLang's rendezvous, port 20000" if sglang else "vLLM's rendezvous, port 29501"
-                     if flow.executor == "native" else "Ray's GCS, port 6379, and its other ports")
+            ports = (f"{kind.label}'s rendezvous, port {kind.rendezvous_port}" if flow.executor == "native"
+                     else "Ray's GCS, port 6379, and its other ports")
             measured += (f"whatever the answer, the nodes' own ports ({ports}) take no key: keep the cluster "
                          "on a trusted network",)
-        why = ("SGLang's key would sit on its command line and in its logged arguments: 127.0.0.1 and a "
-               "tunnel keep the endpoint private" if sglang else
+        why = (f"{kind.label}'s key would sit on its command line and in its logged arguments: 127.0.0.1 and a "
+               "tunnel keep the endpoint private" if keyless else
                "reachable from the network by whoever has the key, and by no one else")
         d = Decision("serve.access", self.id, "Who may use the served endpoint", measured, tuple(options),
-                     "local" if sglang else "api-key", why)
+                     "local" if keyless else "api-key", why)
         flow.update(access=await self.runner.decide(d))
 
     def _bind_host(self) -> str:
@@ -214,8 +213,8 @@ class Serve(Step):
         return "127.0.0.1" if self.flow.plan.access == "local" else "0.0.0.0"
 
     def _keyed(self) -> bool:
-        """The engine starts with the head's API key (vLLM only: see :meth:`decide`)."""
-        return self.flow.plan.access == "api-key" and self.flow.engine == "vllm"
+        """The engine starts with the head's API key (one that takes it from its environment: see :meth:`decide`)."""
+        return self.flow.plan.access == "api-key" and self.flow.engine_kind.api_key_env is not None
 
     def _commands(self) -> list[tuple[str, RemoteCommand]]:
         """The engine's starts, by node, workers first; the one that serves the API (the head's) with
@@ -224,44 +223,31 @@ class Serve(Step):
                 for n, cmd in self._launches()]
 
     def _launches(self) -> list[tuple[str, RemoteCommand]]:
-        """The engine's starts as the layout makes them (no key yet), by node, workers first."""
+        """The engine's starts as the layout makes them (no key yet), by node, workers first: what the
+        engine's object says (:meth:`EngineKind.launches`), each in a container of its own named for
+        the engine; over Ray, the one start is ``docker exec``ed in the Ray head's container."""
         flow = self.flow
-        env = [("VLLM_ENGINE_READY_TIMEOUT_S", "3600"), ("VLLM_CONFIG_ROOT", VLLM_CONFIG_ROOT)]
-        if flow.engine == "sglang":
-            out = []
-            for rank, n in reversed(list(enumerate(flow.nodes))):
-                args = ["-m", "sglang.launch_server", "--model-path", flow.options.model, "--tp", str(flow.plan.tp or 1),
-                        "--nnodes", str(len(flow.nodes)), "--node-rank", str(rank), "--dist-init-addr",
-                        f"{flow.ip(flow.head)}:20000", "--host", self._bind_host(), "--port", str(flow.options.port),
-                        "--mem-fraction-static", "0.70"]
-                out.append((n, docker_run(flow.container("sglang"), flow.image, options=DOCKER_OPTS, entrypoint="python3",
-                                          args=args, env=[*flow.env(n), ("SGLANG_HOST_IP", flow.ip(n))],
-                                          mounts=[(flow.fact(n).hf_dir, "/root/.cache/huggingface")],
-                                          summary=f"start SGLang rank {rank} on {n}")))
-            return out
-        if flow.executor == "single":
+        kind = flow.engine_kind
+        executor = flow.executor
+        nodes = flow.nodes if executor != "single" else [flow.head]
+        launches = kind.launches(self._spec(), executor, [(n, flow.ip(n)) for n in nodes])
+        if executor == "ray":
+            (only,) = launches
+            return [(flow.head, serve_in_container(flow.container("ray"), [only.entrypoint, *only.args],
+                                                   "/root/.cache/huggingface/sparkconsole/"
+                                                   f"{self.runner.state.short_id}/serve.log", env=list(kind.launch_env)))]
+        cluster = len(self.runner.nodes) > 1
+        out = []
+        for launch in launches:
+            n = nodes[launch.rank]
             # every launch names its entrypoint: only vllm/vllm-openai's own is `vllm serve`; NGC's is
             # /opt/nvidia/nvidia_entrypoint.sh, which would take the model id for a command to exec
-            return [(flow.head, docker_run(flow.container("vllm"), flow.image, options=DOCKER_OPTS, entrypoint="vllm",
-                                        args=["serve", *self._vllm_args()],
-                                        env=[*flow.env(flow.head), *env] if len(self.runner.nodes) > 1 else env,
-                                        mounts=[(flow.fact(flow.head).hf_dir, "/root/.cache/huggingface")],
-                                        summary=f"start vLLM (TP=1) on {flow.head}"))]
-        if flow.executor == "native":
-            out = []
-            for rank, n in reversed(list(enumerate(flow.nodes))):
-                args = [*self._vllm_args(), "--distributed-executor-backend", "mp", "--nnodes", str(len(flow.nodes)),
-                        "--node-rank", str(rank), "--master-addr", flow.ip(flow.head), "--master-port", "29501"]
-                if rank:
-                    args.append("--headless")
-                out.append((n, docker_run(flow.container("vllm"), flow.image, options=DOCKER_OPTS, entrypoint="vllm",
-                                          args=["serve", *args],
-                                          env=[*flow.env(n), *env], mounts=[(flow.fact(n).hf_dir, "/root/.cache/huggingface")],
-                                          summary=f"start vLLM rank {rank} on {n}")))
-            return out
-        args = ["vllm", "serve", *self._vllm_args(), "--distributed-executor-backend", "ray"]
-        return [(flow.head, serve_in_container(flow.container("ray"), args, "/root/.cache/huggingface/sparkconsole/"
-                                            f"{self.runner.state.short_id}/serve.log", env=env))]
+            out.append((n, docker_run(flow.container(kind.name), flow.image, options=DOCKER_OPTS,
+                                      entrypoint=launch.entrypoint, args=list(launch.args),
+                                      env=[*(flow.env(n) if cluster else []), *kind.launch_env, *launch.env],
+                                      mounts=[(flow.fact(n).hf_dir, "/root/.cache/huggingface")],
+                                      summary=launch.summary)))
+        return out
 
     def _runs(self) -> dict[str, str]:
         """The containers this step starts with ``docker run`` (one vLLM container on a single node,
@@ -285,7 +271,7 @@ class Serve(Step):
 
     async def send(self) -> None:
         flow = self.flow
-        if flow.executor == "ray" and flow.engine == "vllm":
+        if flow.executor == "ray":
             # the log made here, by the login user: the engine (root in its container) then writes into
             # a file the user owns (`>` keeps an existing file's owner), not a root-owned one in the
             # user's cache that only sudo could remove
@@ -338,8 +324,8 @@ class Serve(Step):
         self._seen: list[str] = []
         last_change = time.monotonic()
         deadline = time.monotonic() + self.runner.settings.serve_timeout_s / self.runner.settings.speed
-        in_container = flow.engine == "sglang" or flow.executor in ("native", "single")
-        name = flow.container("sglang" if flow.engine == "sglang" else "vllm")
+        in_container = flow.executor in ("native", "single")
+        name = flow.container(flow.engine_kind.name)
         docker_follow, file_follow = DockerLogFollow(), FileLogFollow(self._log())
         polls = quiet = 0
 
@@ -412,10 +398,11 @@ class Serve(Step):
         worker's own log, where vLLM printed the cause (a worker's free-memory check, its NCCL): read
         each worker's container log and take the first report that names a kind."""
         flow = self.flow
-        if rep.failure_kind not in (None, "other") or flow.executor != "native" or flow.engine != "vllm":
+        if rep.failure_kind not in (None, "other") or flow.executor != "native":
             return rep
         for n in flow.nodes[1:]:
-            res = await self.runner.read(n, DockerLogFollow().command(flow.container("vllm"), tail=400), quiet=True)
+            res = await self.runner.read(n, DockerLogFollow().command(flow.container(flow.engine_kind.name), tail=400),
+                                         quiet=True)
             worker = VllmLogTracker()
             for line in DockerLogFollow().feed(res.stdout, res.stderr) if res.ok else []:  # in the order written
                 for part in line.splitlines() or [line]:
@@ -432,11 +419,9 @@ class Serve(Step):
         deployment's id): the Ray head and workers (vLLM runs in the head's), else one vLLM or SGLang
         container per node of the start (one on the head for a single-node start)."""
         flow = self.flow
-        if flow.engine == "sglang":
-            return {n: [flow.container("sglang")] for n in flow.nodes}
         if flow.executor == "single":
-            return {flow.head: [flow.container("vllm")]}
-        return {n: [flow.container("ray" if flow.executor == "ray" else "vllm")] for n in flow.nodes}
+            return {flow.head: [flow.container(flow.engine_kind.name)]}
+        return {n: [flow.container("ray" if flow.executor == "ray" else flow.engine_kind.name)] for n in flow.nodes}
 
     def _plan_figures(self) -> dict[str, Any]:
         need = (self.flow.plan.need or {}).get(self.flow.head)
@@ -545,7 +530,7 @@ class Serve(Step):
         vLLM's start-up check counts only free memory (a retry failed it by 0.3-0.9 GiB on the demo)."""
         if self.flow.plan.drop:
             await drop_page_cache(self.flow, self.flow.nodes)
-        if self.flow.executor == "ray" and self.flow.engine == "vllm":
+        if self.flow.executor == "ray":
             for s in [s for s in self.runner.state.started if s.name == self.flow.container("ray")]:
                 await self.runner.change(s.node, docker_rm_force(s.name))
                 self.runner.state.started.remove(s)
@@ -555,14 +540,16 @@ class Serve(Step):
 
     async def _hung(self, idle: float) -> None:
         waits = int(self.flow.plan.hang_waits or 0)
-        rec = "vllm" if self.flow.engine == "sglang" else "wait" if waits < 2 else "stop"
-        why = ("SGLang's two-node NCCL start on GB10 stalls after 'CustomAllreduce is disabled'; vLLM over Ray "
-               "worked in the same setup" if self.flow.engine == "sglang" else
+        known_hang = self.flow.engine_kind.known_hang  # a stall the field reports for this engine
+        default = engine_kinds.DEFAULT
+        rec = default.name if known_hang else "wait" if waits < 2 else "stop"
+        why = (known_hang if known_hang else
                "a cold start compiles kernels and can be quiet for long" if rec == "wait" else
                f"no progress after waiting {waits} times: read the engine's log")
         options = [Option("wait", "wait longer", "a cold start can be slow"), Option("stop", "stop here", "")]
-        if self.flow.engine == "sglang":
-            options.insert(0, Option("vllm", "back to vLLM with Ray", "vLLM over Ray worked in the same setup"))
+        if known_hang:
+            options.insert(0, Option(default.name, f"back to {default.label} with Ray",
+                                     f"{default.label} over Ray worked in the same setup"))
         d = Decision("serve.hang", self.id, "No progress: the start looks hung",
                      (f"no new log line for {idle:.0f} s ({self.flow.engine}, {len(self.flow.nodes)} nodes)",),
                      tuple(options), rec, why)
@@ -572,9 +559,9 @@ class Serve(Step):
             self.flow.update(hang_waits=waits + 1)
             return await self._follow()
         await self._remove_started()
-        if answer == "vllm":
-            self.runner.preset("engine.image", next(k.ref for k in engines.KNOWN_IMAGES if k.engine == "vllm"))
-            self.flow.update(engine="vllm")
+        if answer == default.name:
+            self.runner.preset("engine.image", next(k.ref for k in engines.KNOWN_IMAGES if k.engine is default))
+            self.flow.update(engine=default.name)
             self.flow.update(executor="ray")
             raise GoTo("engine", "the SGLang start hung: back to vLLM")
         raise StepFailed("the engine start hung", "read the engine's log; NCCL needs both ranks")

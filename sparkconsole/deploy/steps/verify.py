@@ -118,12 +118,10 @@ class Verify(Step):
             return None
         head = flow.head
         trusted = "keep the cluster on a trusted network"
-        if flow.engine == "sglang":
-            return (f"SGLang's rendezvous (port 20000 of {head}) takes no authentication and listens on every "
-                    f"interface of {head}: {trusted}")
+        kind = flow.engine_kind
         if flow.executor == "native":
-            return (f"vLLM's rendezvous (torch's TCPStore, port 29501 of {head}) takes no authentication and "
-                    f"listens on every interface of {head}: {trusted}")
+            return (f"{kind.label}'s rendezvous ({kind.rendezvous_what}port {kind.rendezvous_port} of {head}) takes no "
+                    f"authentication and listens on every interface of {head}: {trusted}")
         return (f"Ray's ports (the GCS at port 6379 of {head}, each node's raylet and object manager) take no "
                 "authentication and listen on every interface of the nodes: whoever reaches them can run code in "
                 f"the Ray containers, so {trusted} (Ray's dashboard listens on 127.0.0.1 only)")

@@ -32,6 +32,10 @@ from sparkconsole.sim.sh.interp import IO
 from sparkconsole.sim.tools.common import _opt_val, _ssh_target, _ssh_user
 from sparkconsole.sim.vfs import FsError
 
+# servers the simulated containers run that listen by themselves, with their defaults when argv says
+# nothing: SGLang's ServerArgs host "127.0.0.1", port 30000
+_OWN_LISTEN = {"sglang": ("127.0.0.1", "30000")}
+
 HUB = "huggingface.co"
 
 
@@ -264,9 +268,10 @@ class NetTools:
                 pid = stable_int(2000, 90000, c.id, "hostpid")
                 out.append((e.host, e.port, "vllm" if "python" not in " ".join(c.argv[:2]) else "python3", pid))
             out.extend((addr, port, name, c.host_pid) for addr, port, name in c.listens)
-            if c.kind == "sglang":  # SGLang's --host defaults to 127.0.0.1
+            listen = _OWN_LISTEN.get(c.kind)
+            if listen is not None:
                 argv = list(c.argv)
-                out.append((_opt_val(argv, "--host", "127.0.0.1"), int(_opt_val(argv, "--port", "30000")), "python3",
+                out.append((_opt_val(argv, "--host", listen[0]), int(_opt_val(argv, "--port", listen[1])), "python3",
                             stable_int(2000, 90000, c.id, "hostpid")))
         ray = self.cluster.ray
         if ray is not None:

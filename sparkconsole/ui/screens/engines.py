@@ -28,10 +28,10 @@ from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.lines import RenderedLines
 from sparkconsole.ui.widgets.node_card import renderable_text
 from sparkconsole.ui.widgets.serving import (
-    KIND_NAME,
     SIDE_BY_SIDE_AT,
     engine_key,
     engine_panel,
+    kind_name,
     short_model,
 )
 
@@ -64,7 +64,7 @@ class EnginePanel(RenderedLines, can_focus=True):
         self.draws += 1
         self.watch, self.alerts = watch, alerts
         f = watch.figures()
-        kind = KIND_NAME.get(f.kind, f.kind)
+        kind = kind_name(f.kind)
         # a str title is markup: the model's name is the node's words, so Text
         self.border_title = Text(f"{short_model(f.model) or kind} :{f.port}")
         self.border_subtitle = Text("answering" if f.answering else ("silent" if watch.silent else "not read"))

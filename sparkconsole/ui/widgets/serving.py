@@ -16,6 +16,7 @@ from rich.text import Text
 
 from sparkconsole.probe.alerts import Alert
 from sparkconsole.probe.state import NodeState
+from sparkconsole.serving import engines as engine_kinds
 from sparkconsole.serving.watch import EngineFigures, EngineWatch
 from sparkconsole.ui.render import DASH, node_str, node_text, sparkline
 
@@ -23,7 +24,12 @@ CARD_ENGINES = 3  # engines a card shows one line each; more: two lines and "+N 
 CARD_SPARK = 8  # the sparkline's cells on a card line
 PANEL_SPARK = 30  # and in the engine view (at most: it follows the panel's width)
 KV_BAR = 30
-KIND_NAME = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def kind_name(kind: str) -> str:
+    """An engine's name as people read it ("vLLM"), from its object; an unknown one as it came."""
+    engine = engine_kinds.known(kind)
+    return engine.label if engine is not None else node_str(kind)
 
 
 def short_model(model: str | None) -> str:
@@ -247,7 +253,7 @@ def engine_panel(watch: EngineWatch, alerts: Sequence[Alert], width: int = 100) 
     """Everything the console knows of one engine, at ``width`` cells: the figures beside the
     latencies on a wide panel, above them on a narrow one."""
     f = watch.figures()
-    kind = KIND_NAME.get(f.kind, f.kind)
+    kind = kind_name(f.kind)
     head = Text()
     head.append_text(_state_glyph(f, watch.silent))
     head.append(" ")
