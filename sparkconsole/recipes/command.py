@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkconsole.recipes.bounded import plain
+from sparkconsole.serving import engines as engine_kinds
 
 MAX_COMMAND = 64 * 1024
 MAX_ROUNDS = 16
@@ -58,7 +59,6 @@ _READ_FLAGS: dict[str, str] = {
     "--distributed-executor-backend": "backend",
     "--model": "model", "--model-path": "model",
 }
-_LLAMA_FLAGS = {"-c": "max_model_len", "-m": "model", "-hf": "model", "--hf-repo": "model"}
 
 
 class RenderError(Exception):
@@ -186,8 +186,9 @@ def read_command(text: str, engine: str) -> ReadCommand:
     if not argv:
         raise RenderError("is empty")
     flags = dict(_READ_FLAGS)
-    if engine == "llama-cpp":
-        flags.update(_LLAMA_FLAGS)
+    kind = engine_kinds.known(engine)
+    if kind is not None:
+        flags.update(kind.recipe_flags)  # the engine's own short flags (llama.cpp's -c, -m, -hf)
     start = 3 if len(argv) >= 3 and argv[0].startswith("python") and argv[1] == "-m" else 0
     first = next((i for i in range(start, len(argv)) if argv[i].startswith("-")), len(argv))
     found: dict[str, str] = {}

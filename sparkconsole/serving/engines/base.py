@@ -93,6 +93,8 @@ class EngineKind(Protocol):
     takes_reasoning_parser: bool
     #: the benchmark tool its own image carries (sparkconsole.serving.bench.TOOLS), or None
     bench_tool: str | None
+    #: its own flags for a recipe's neutral fields (``-c`` → max_model_len), beyond the shared long ones
+    recipe_flags: dict[str, str]
     #: repository names (the last part of an image's repo) whose tags are this engine's version
     image_repos: tuple[str, ...]
 

@@ -31,6 +31,8 @@ class LlamaCpp:
     #: it takes ``--reasoning-parser`` (vLLM; the console's SGLang start never passed one)
     takes_reasoning_parser = False
     bench_tool: str | None = None
+    #: its own flags for a recipe's neutral fields, beyond the long ones every engine shares
+    recipe_flags: dict[str, str] = {"-c": "max_model_len", "-m": "model", "-hf": "model", "--hf-repo": "model"}
     image_repos = ("llama.cpp", "dgx-spark-llama-cpp")
     metrics = MetricNames(
         scalars={

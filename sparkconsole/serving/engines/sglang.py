@@ -35,6 +35,8 @@ class Sglang:
     #: it takes ``--reasoning-parser`` (vLLM; the console's SGLang start never passed one)
     takes_reasoning_parser = False
     bench_tool: str | None = None
+    #: its own flags for a recipe's neutral fields, beyond the long ones every engine shares
+    recipe_flags: dict[str, str] = {}
     image_repos = ("sglang",)
     metrics = MetricNames(
         scalars={

@@ -40,6 +40,8 @@ class Vllm:
     #: it takes ``--reasoning-parser`` (vLLM; the console's SGLang start never passed one)
     takes_reasoning_parser = True
     bench_tool: str | None = "vllm"  # `vllm bench serve`, in its own image
+    #: its own flags for a recipe's neutral fields, beyond the long ones every engine shares
+    recipe_flags: dict[str, str] = {}
     image_repos = ("vllm-openai",)
     metrics = MetricNames(
         scalars={
