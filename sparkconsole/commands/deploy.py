@@ -44,8 +44,12 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=int, default=2, metavar="N", help="with --demo: how many Sparks (default 2)")
     p.add_argument("--speed", type=float, default=DEMO_SPEED, metavar="X",
                    help=f"with --demo: simulated seconds per real second (default {DEMO_SPEED:g})")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face repo id (default {DEFAULT_MODEL})")
-    p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
+    p.add_argument("--recipe", metavar="NAME|FILE",
+                   help="plan from a recipe (sparkrun, eugr v1 or Spark Pulse v2; `sparkconsole recipes` lists them): "
+                   "its model, engine, image, TP, gpu-memory-utilization, max-model-len and flags, where the options "
+                   "here say nothing")
+    p.add_argument("--model", default=None, help=f"Hugging Face repo id (default {DEFAULT_MODEL})")
+    p.add_argument("--engine", choices=("vllm", "sglang"), default=None, help="default vllm")
     p.add_argument("--executor", choices=("ray", "native"), default=None,
                    help="how the nodes join (default: asked, Ray recommended)")
     p.add_argument("--image", help="the engine image to use (else the wizard checks what is there)")
@@ -206,7 +210,34 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError("--twin opens a twin file as the demo's cluster: add --demo")
 
 
+def _recipe(args: argparse.Namespace):
+    """``--recipe``: the recipe, read before anything is opened (a bad file is one line, exit 2);
+    None without one. The model and engine defaults are filled either way."""
+    from sparkconsole.deploy.flow import DEFAULT_MODEL
+
+    recipe = None
+    if getattr(args, "recipe", None):
+        from sparkconsole.recipes import find_recipe, user_recipe_dir
+
+        recipe = find_recipe(args.recipe, user_recipe_dir(args.config))
+        if recipe.engine not in ("vllm", "sglang"):
+            raise UserError(f"recipe {recipe.name}: the wizard deploys vLLM or SGLang across the nodes, not "
+                            f"{recipe.engine}")
+        if getattr(args, "demo", False):
+            reason = recipe.cannot_run_here(args.nodes)
+            if reason:
+                raise UserError(f"recipe {recipe.name} cannot run here: {reason}")
+    else:
+        args.model = args.model or DEFAULT_MODEL
+        args.engine = args.engine or "vllm"
+    args.recipe_obj = recipe
+    if recipe is not None:
+        args.model = args.model or recipe.model
+    return recipe
+
+
 def run(args: argparse.Namespace) -> int:
+    _recipe(args)
     _check(args)
     from sparkconsole.deploy.decisions import parse_answers
 
@@ -267,9 +298,14 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
             if earlier is not None and not args.json:
                 print(f"note: deployment {earlier.id} ({earlier.result or 'unfinished'}) of this model exists on "
                       f"this cluster: `--resume {earlier.id}` continues it, `--teardown {earlier.id}` removes it")
+            recipe = getattr(args, "recipe_obj", None)
+            if recipe is not None and not demo:
+                reason = recipe.cannot_run_here(len(config.nodes))
+                if reason:
+                    raise UserError(f"recipe {recipe.name} cannot run here: {reason}")
             state = DeploymentState.new(options.model, options.to_json(), config.name)
-            if getattr(args, "gmu", None) is not None:
-                state.plan.gmu_override = args.gmu  # the plan takes it as given
+            if options.gmu is not None:
+                state.plan.gmu_override = options.gmu  # the plan takes it as given (--gpu-memory-utilization, a recipe)
         if not args.json and speed != 1.0:
             print(f"simulated cluster: its time runs x{speed:g} faster than the wall clock (waits and rates follow)")
         async with open_deployment(
@@ -317,8 +353,12 @@ def _options(args: argparse.Namespace):
     """The deployment's options from the command line (a real run and a rehearsal alike)."""
     from sparkconsole.deploy.flow import Options
 
-    return Options(model=args.model, engine=args.engine, executor=args.executor, image=args.image,
-                   tp=args.tp, max_model_len=args.max_model_len)
+    given = {"model": args.model, "engine": args.engine, "executor": args.executor, "image": args.image,
+             "tp": args.tp, "max_model_len": args.max_model_len, "gmu": getattr(args, "gmu", None)}
+    recipe = getattr(args, "recipe_obj", None)
+    if recipe is not None:
+        return Options.from_recipe(recipe, **given)
+    return Options(**given)
 
 
 def _compare(args: argparse.Namespace) -> int:

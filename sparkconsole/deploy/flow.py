@@ -35,6 +35,7 @@ from sparkconsole.serving.engines import EngineKind
 
 if TYPE_CHECKING:
     from sparkconsole.deploy.steps.base import Step
+    from sparkconsole.recipes import Recipe
 
 GIB = 1 << 30
 DEFAULT_MODEL = "Qwen/Qwen3.5-122B-A10B-FP8"
@@ -55,13 +56,63 @@ class Options:
     port: int = API_PORT
     served_name: str | None = None
     reasoning_parser: str | None = None
+    #: the engine's own flags beyond what the plan sets (a recipe's); None: the bundled recipe's for
+    #: this model and engine, if there is one (:func:`default_flags`)
+    extra_args: list[str] | None = None
+    recipe: str | None = None  # the recipe the options came from (its name), for the record
+    gmu: float | None = None  # a recipe's gpu-memory-utilization: the plan takes it as given
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @classmethod
+    def from_recipe(cls, recipe: Recipe, **given: Any) -> Options:
+        """What a recipe asks for, where the command line (``given``, None: not said) says nothing.
+
+        The flags the console sets itself are taken out of the recipe's: ``--served-model-name``
+        becomes the served name (verify asks the engine for it), and an ``--api-key`` on a command
+        line is refused outright (``ps`` shows it to every user of the node; the console gives the
+        key in the engine's environment)."""
+        args = list(recipe.serve_args)
+        served = None
+        if "--api-key" in args or any(a.startswith("--api-key=") for a in args):
+            raise UserError(f"recipe {recipe.name}: --api-key on a command line is visible to every user of the node; "
+                            "take it out (the deployment's access decision sets a key through the environment)")
+        for i, a in enumerate(args):
+            if a == "--served-model-name" and i + 1 < len(args):
+                served = args[i + 1]
+                del args[i:i + 2]
+                break
+            if a.startswith("--served-model-name="):
+                served = a.partition("=")[2]
+                del args[i]
+                break
+        executor = {"native": "native", "ray": "ray"}.get(recipe.distributed)
+        picked = {"model": recipe.model, "engine": recipe.engine, "executor": executor, "image": recipe.image,
+                  "tp": recipe.tp, "max_model_len": recipe.max_model_len, "served_name": served,
+                  "extra_args": args, "recipe": recipe.name, "gmu": recipe.gpu_memory_utilization}
+        picked.update({k: v for k, v in given.items() if v is not None})
+        return cls(**picked)
+
+    @classmethod
     def from_json(cls, d: dict[str, Any]) -> Options:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def default_flags(model: str, engine: str) -> tuple[list[str], str | None]:
+    """The engine flags the field runs a model with, when the operator named no recipe: the first
+    bundled recipe for this model and engine (tool calling and prefix caching for Qwen3.5: every
+    field recipe for it has them; without, an agent's tool calls come back as text and every turn
+    is prefilled again). Its numbers are not taken, only its flags; ``([], None)`` when none."""
+    from sparkconsole.recipes import RecipeError, bundled_recipes
+
+    try:
+        found = next((r for r in bundled_recipes() if r.model == model and r.engine == engine), None)
+    except RecipeError:
+        return [], None
+    if found is None:
+        return [], None
+    return Options.from_recipe(found).extra_args or [], found.name
 
 
 def model_dir_name(model: str) -> str:
@@ -190,6 +241,14 @@ class Flow:
     @property
     def engine(self) -> str:
         return str(self.plan.engine or self.options.engine)
+
+    @property
+    def extra_args(self) -> list[str]:
+        """The engine's own flags beyond the plan's: the recipe's, else the bundled recipe's for this
+        model and engine (:func:`default_flags`)."""
+        if self.options.extra_args is not None:
+            return list(self.options.extra_args)
+        return default_flags(self.options.model, self.engine)[0]
 
     @property
     def engine_kind(self) -> EngineKind:

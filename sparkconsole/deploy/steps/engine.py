@@ -115,6 +115,13 @@ class Engine(Step):
         options += [Option(img, f"{img} (on the nodes; {arch} unknown until its Python runs)",
                            "its own Python is run before anything is copied; if it does not register "
                            f"{arch}, this step asks again", payload=ImageChoice(VLLM.name, img)) for img in maybe]
+        asked = flow.options.image
+        if asked and all(o.value != asked for o in options) and normalize_image(asked) not in present:
+            # named by the operator (--image) or the recipe: first, pulled like any other
+            by = f"recipe {flow.options.recipe}" if flow.options.recipe else "--image"
+            options.append(Option(asked, f"{asked} (named by {by})",
+                                  "pulled on a node with internet, copied to the others; its own Python is run "
+                                  "before anything else is copied", payload=ImageChoice(flow.engine, asked)))
         for k in engines.KNOWN_IMAGES:
             if k.engine is VLLM and all(o.value != k.ref for o in options) and arch in k.archs:
                 options.append(Option(k.ref, f"{k.ref} (vLLM {k.version}, known to work)",
@@ -127,6 +134,7 @@ class Engine(Step):
                                       experimental=True, payload=ImageChoice(other.engine.name, other.ref)))
         rec = options[0].value
         why = (f"{options[0].value} knows {arch}" if good else
+               f"{rec} is the image {'the recipe' if flow.options.recipe else '--image'} names" if rec == asked else
                f"{rec} is on the nodes and may know {arch} (its name does not say): its own Python is run first, "
                "and this step asks again if it does not" if maybe else
                f"no image on the nodes knows {arch}; {rec} does (pinned by its image ID after the pull)")

@@ -46,6 +46,11 @@ class Images(Step):
         (what the probe read decides: the rehearsal and the send read nothing twice)."""
         ids = self._layers or await self._read_layers()
         have = [n for n, i in ids.items() if i]
+        if not have and self.runner.plan_only:
+            # plan-only: the engine step's pull (on the first node with internet) was planned, not sent
+            src = next((n for n in self.flow.nodes if self.flow.fact(n).hub), None)
+            if src is not None:
+                ids, have = {**ids, src: "planned"}, [src]
         if not have:
             raise StepFailed(f"{self.flow.image} is on no node", "go back to the engine step (--resume)")
         self._copies: dict[str, Job] = {}

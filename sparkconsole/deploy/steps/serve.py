@@ -147,6 +147,10 @@ class FileLogFollow:
         return out
 
 
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
 class Serve(Step):
     id, title = "serve", "Start the engine and follow it to ready"
     decisions = ("serve.access", "serve.failure", "serve.hang")
@@ -155,9 +159,9 @@ class Serve(Step):
     def _spec(self) -> ServeSpec:
         """What to serve, in the engine's neutral terms: the plan's numbers and the extra flags."""
         flow = self.flow
-        extra: list[str] = []
+        extra = list(flow.extra_args)
         parser = flow.options.reasoning_parser or ("qwen3" if "qwen3" in flow.options.model.lower() else None)
-        if parser and flow.engine_kind.takes_reasoning_parser:
+        if parser and flow.engine_kind.takes_reasoning_parser and not _has_flag(extra, "--reasoning-parser"):
             extra += ["--reasoning-parser", parser]
         return ServeSpec(model=flow.options.model, served_name=flow.served_name, host=self._bind_host(),
                          port=int(flow.options.port), tp=int(flow.plan.tp or 1), pp=int(flow.plan.pp or 1),

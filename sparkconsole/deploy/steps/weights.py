@@ -112,7 +112,9 @@ class Weights(Step):
         if f.tools.get("uvx"):
             return uvx_hf_download(flow.options.model)
         check = (flow.plan.engine_checks or {}).get(flow.image) or {}
-        if f.image(flow.image) is not None and (check.get("clis") or {}).get("hf"):
+        # plan-only: the engine step's pull was planned, not sent, so the image is not there yet
+        here = f.image(flow.image) is not None or self.runner.plan_only
+        if here and (check.get("clis") or {}).get("hf"):
             owner = (f.uid, f.gid) if f.uid is not None and f.gid is not None and f.uid != 0 else None
             return hf_download_in_image(flow.image, flow.options.model, f.hf_dir, owner,
                                         flow.container("download"))
