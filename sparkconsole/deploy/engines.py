@@ -191,16 +191,47 @@ QWEN35 = ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration
 # 13); NVIDIA's playbooks use NGC images. A CUDA 12.8 build failed on GB10 with "no kernel image is
 # available" (vllm#30855). The vLLM >= 0.16 builds know Qwen3.5.
 KNOWN_IMAGES: tuple[KnownImage, ...] = (
+    KnownImage("nvcr.io/nvidia/vllm:26.05-py3", VLLM, "0.20.1", QWEN35,
+               "NVIDIA's GB10 build (vLLM 0.20.1, CUDA 13); no Ray: vLLM's native multi-node", ray=False),
+    KnownImage("nvcr.io/nvidia/vllm:26.03-py3", VLLM, "0.17.1", QWEN35,
+               "NVIDIA's GB10 build (vLLM 0.17.1, CUDA 13); has Ray", ray=True),
     KnownImage("vllm/vllm-openai:v0.17.0-cu130", VLLM, "0.17.0", QWEN35,
                "upstream vLLM 0.17.0, CUDA 13 build (Blackwell); has Ray; loads Qwen3.5-122B-A10B-FP8 at TP=2",
                ray=True),
-    KnownImage("nvcr.io/nvidia/vllm:26.03-py3", VLLM, "0.17.1", QWEN35,
-               "NVIDIA's GB10 build (vLLM 0.17.1, CUDA 13); has Ray", ray=True),
-    KnownImage("nvcr.io/nvidia/vllm:26.05-py3", VLLM, "0.20.1", QWEN35,
-               "NVIDIA's GB10 build (vLLM 0.20.1, CUDA 13); no Ray: vLLM's native multi-node", ray=False),
     KnownImage("lmsysorg/sglang:v0.5.9-cu130", SGLANG, "0.5.9", QWEN35,
                "experimental on Spark: validated at --mem-fraction-static 0.70; two-node NCCL start may hang"),
 )
+
+
+# Why an upstream vLLM image is never recommended on a GB10 (sm_121), in the field's words: vLLM's own
+# kernels (CUTLASS block-FP8 GEMM, MoE, attention) are compiled apart from torch's, and upstream builds
+# lack the 12.1a targets. Block-FP8 GEMM returns "Error Internal" from cutlass_gemm_caller.cuh
+# (vllm#43367; vllm#40758 with Qwen3.6-35B-A3B-FP8), and a stock cu130 nightly ran Qwen3.5-35B-A3B-FP8
+# at 13.3 tok/s against 48.6 once rebuilt with native SM121 kernels (NVIDIA developer forum, "DGX Spark:
+# 13 -> 49 tok/s ... Native SM121 Kernel Build Guide"). torch's arch list (sm_120) says nothing of them.
+UPSTREAM_ON_GB10 = ("an upstream vLLM build: its own kernels lack GB10's sm_121 targets (block-FP8 GEMM fails "
+                    "with 'Error Internal', vllm#43367, #40758; 13 tok/s where a native SM121 build ran 49)")
+# registries whose vLLM images are built for GB10: NVIDIA's NGC images ship vLLM built for CUDA 13 and
+# Blackwell incl. GB10 (NVIDIA's DGX Spark playbooks run them)
+GB10_REGISTRIES = ("nvcr.io/nvidia/vllm",)
+UPSTREAM_REPOS = ("vllm/vllm-openai", "docker.io/vllm/vllm-openai")
+
+
+def is_gb10(gpu_name: str | None) -> bool:
+    """A GB10 (DGX Spark) by the GPU's name as nvidia-smi prints it ("NVIDIA GB10")."""
+    return bool(gpu_name) and "GB10" in str(gpu_name).upper()
+
+
+def gb10_build(ref: str) -> bool | None:
+    """Whether an image carries vLLM's kernels for GB10: True for NVIDIA's NGC vLLM images, False for
+    an upstream ``vllm/vllm-openai`` tag (:data:`UPSTREAM_ON_GB10`), None when its name does not say
+    (a community build: its recipe or its canary tells)."""
+    repo = ref.rpartition(":")[0] if ":" in ref.rsplit("/", 1)[-1] else ref
+    if repo in GB10_REGISTRIES:
+        return True
+    if repo in UPSTREAM_REPOS:
+        return False
+    return None
 
 
 def known(ref: str) -> KnownImage | None:

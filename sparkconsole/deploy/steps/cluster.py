@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from sparkconsole.deploy import exits
+from sparkconsole.deploy import engines, exits
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.deploy.state import Started
@@ -61,6 +61,11 @@ async def adopt_or_clear(flow: Flow, n: str, name: str, st: exits.ContainerState
     return False
 
 
+# the vLLM the wizard trusts with the native multi-node start (`--nnodes/--node-rank/--headless`): the
+# oldest it has seen run it (0.17, NGC 26.03's vLLM 0.17.1 and upstream v0.17.0)
+NATIVE_SINCE = (0, 17)
+
+
 class Cluster(Step):
     id, title = "cluster", "Ray head and workers, every GPU seen"
     decisions = ("cluster.executor",)
@@ -84,18 +89,27 @@ class Cluster(Step):
             self.flow.update(executor="native")
             return
         has_ray = self._image_has_ray()
-        ray_why = ("what the story's working run used; `ray status` proves every GPU joined before serving"
+        ray_why = ("`ray status` proves every GPU joined before serving; Ray's ports take no authentication"
                    if has_ray is not False else
                    f"{self.flow.image} has no Ray (NGC 26.05 and vLLM images from about 0.19 ship without it): "
                    "`ray start` would fail with \"ray\": executable file not found")
-        options = [Option("ray", "Ray head and workers in containers", ray_why),
-                   Option("native", "vLLM native --nnodes/--node-rank/--headless", "no Ray; workers start first")]
+        options = [Option("native", "vLLM native --nnodes/--node-rank/--headless",
+                          "one vLLM process per node, no Ray; workers start first"),
+                   Option("ray", "Ray head and workers in containers", ray_why)]
         if has_ray is False:
             options.append(Option("back-engine", "choose another image (one with Ray)",
                                   "back to the engine step: a vllm/vllm-openai -cu130 tag or NGC 26.03 has Ray"))
-        rec = self.flow.options.executor or ("native" if has_ray is False else "ray")
-        why = ("Ray is what NVIDIA's playbook and the story's working run use" if has_ray is not False else
-               "the image has no Ray; vLLM's native multi-node needs none")
+        # native by default where the image's vLLM has it (every image the wizard recommends: 0.17 and newer):
+        # the field moved to it (eugr's launcher defaults to no Ray, AINode 0.5 dropped Ray) and newer images
+        # ship without Ray; Ray only when asked, or for an older vLLM
+        version = engines.version_tuple(self.flow.plan.vllm_version or (
+            (self.flow.plan.engine_checks or {}).get(self.flow.image, {}).get("versions") or {}).get("vllm"))
+        old = bool(version) and version < NATIVE_SINCE and has_ray is not False
+        rec = self.flow.options.executor or ("ray" if old else "native")
+        why = ("the image has no Ray; vLLM's native multi-node needs none" if has_ray is False else
+               f"its vLLM {'.'.join(map(str, version))} predates the native multi-node start the field runs" if old else
+               "vLLM's own multi-node start: no Ray to form, one process per node (the field's default: eugr's "
+               "launcher, AINode; newer images ship without Ray)")
         by_name = bool(((self.flow.plan.engine_checks or {}).get(self.flow.image) or {}).get("expected"))
         d = Decision("cluster.executor", self.id, "How the nodes join: Ray or vLLM's native multi-node",
                      (f"{len(self.flow.nodes)} nodes, TP={self.flow.plan.tp}",

@@ -103,6 +103,14 @@ class Engine(Step):
                 good.append((engines.version_tuple(ef.vllm), img))
             elif ef.expected and knows is None and VLLM.version_module in ef.versions:
                 maybe.append(img)
+        # on a GB10, an upstream build is offered after every GB10 build, with the field's warning, and
+        # recommended only when nothing else knows the model (engines.UPSTREAM_ON_GB10)
+        gb10 = any(engines.is_gb10(flow.fact(n).gpu) for n in flow.nodes if n in flow.facts)
+        upstream = {img for _, img in good if gb10 and engines.gb10_build(img) is False and img != flow.options.image}
+        good = [g for g in good if g[1] not in upstream]
+        if upstream:
+            self.runner.note(f"not recommended on GB10: {', '.join(sorted(upstream))}, {engines.UPSTREAM_ON_GB10}",
+                             "warning")
         why_not = self._not_run_why()
         if why_not and unchecked:
             self.runner.note(f"not checked: the own Python of {', '.join(unchecked)} (its vLLM, whether it registers "
@@ -122,18 +130,26 @@ class Engine(Step):
             options.append(Option(asked, f"{asked} (named by {by})",
                                   "pulled on a node with internet, copied to the others; its own Python is run "
                                   "before anything else is copied", payload=ImageChoice(flow.engine, asked)))
-        for k in engines.KNOWN_IMAGES:
+        # the known images, GB10 builds first on a GB10 (then newest first, as listed)
+        known = sorted(engines.KNOWN_IMAGES, key=lambda k: gb10 and engines.gb10_build(k.ref) is False)
+        for k in known:
             if k.engine is VLLM and all(o.value != k.ref for o in options) and arch in k.archs:
+                warn = f"; {engines.UPSTREAM_ON_GB10}" if gb10 and engines.gb10_build(k.ref) is False else ""
                 options.append(Option(k.ref, f"{k.ref} (vLLM {k.version}, known to work)",
                                       k.note + ("; present" if normalize_image(k.ref) in present else
-                                                "; pulled on a node with internet, copied to the others"),
+                                                "; pulled on a node with internet, copied to the others") + warn,
                                       payload=ImageChoice(VLLM.name, k.ref)))
+        for img in sorted(upstream):  # present, knows the model, but no GB10 kernels: last, said why
+            options.append(Option(img, f"{img} (on the nodes; upstream build)", engines.UPSTREAM_ON_GB10,
+                                  payload=ImageChoice(VLLM.name, img)))
         for other in (k for k in engines.KNOWN_IMAGES if k.engine is not VLLM):  # another engine, experimental
             if all(o.value != other.engine.name for o in options):
                 options.append(Option(other.engine.name, f"{other.engine.label} ({other.ref})", other.note,
                                       experimental=True, payload=ImageChoice(other.engine.name, other.ref)))
         rec = options[0].value
         why = (f"{options[0].value} knows {arch}" if good else
+               f"{rec} is a GB10 build that knows {arch} (pinned by its image ID after the pull); the upstream "
+               f"image on the nodes is {engines.UPSTREAM_ON_GB10}" if upstream and rec not in upstream else
                f"{rec} is the image {'the recipe' if flow.options.recipe else '--image'} names" if rec == asked else
                f"{rec} is on the nodes and may know {arch} (its name does not say): its own Python is run first, "
                "and this step asks again if it does not" if maybe else
