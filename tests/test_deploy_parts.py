@@ -371,3 +371,24 @@ def test_serve_calibration_uses_the_images_version():
     # (1,408 - 3 x 2) // 1 x 2,096 = 2,938,592 tokens, capped at the model's 262,144
     assert f.plan.calibrated_longest_len == 262_144
     assert any("blocks: plan" in n and "1,408 (derived)" in n for n in cal)
+
+
+async def test_the_fast_loader_is_used_only_where_the_images_own_python_imported_it():
+    """``--load-format fastsafetensors`` needs the package in the image: the engine step's check
+    (the image's Python printing the module's version) decides, never the image's name."""
+    from sparkconsole.deploy.steps import Engine, Serve
+
+    with_it = ("vllm 0.20.1\ntransformers 4.57.5\ntorch 2.10.0\nsglang -\nray -\nfastsafetensors 0.1.15\n"
+               "arch Qwen3_5MoeForConditionalGeneration yes\n")
+    without = with_it.replace("fastsafetensors 0.1.15", "fastsafetensors -")
+    for out, expected in ((with_it, True), (without, False)):
+        f, _ = _flow(None, out, tp=2, pp=1, gmu=0.85, max_model_len=65536, engine="vllm",
+                     image="vllm/vllm-openai:v0.17.0")
+        await Engine(f).send()
+        args = list(Serve(f)._spec().extra_args)
+        assert ("--load-format" in args and args[args.index("--load-format") + 1] == "fastsafetensors") is expected
+    # by its name only (read-only, plan-only): not assumed
+    f, _ = _flow(None, "", tp=2, engine="vllm", image="nvcr.io/nvidia/vllm:26.05-py3",
+                 engine_checks={"nvcr.io/nvidia/vllm:26.05-py3": {"versions": {"fastsafetensors": "0.1"},
+                                                                   "expected": True}})
+    assert "--load-format" not in Serve(f)._spec().extra_args

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from sparkconsole.remote import validate_image
 from sparkconsole.serving.engines import SGLANG, VLLM, EngineKind, for_image
 
-MODULES = ("vllm", "transformers", "torch", "sglang", "ray")
+# ``fastsafetensors``: vLLM's ``--load-format fastsafetensors`` needs it in the image (one operator's load
+# went from 9 minutes to 2; mmap loading died at 73-97 % under page-cache pressure: engines-gb10.md)
+MODULES = ("vllm", "transformers", "torch", "sglang", "ray", "fastsafetensors")
 CLIS = ("hf", "ray", "vllm")  # the image's commands the flow may name as an entrypoint
 
 

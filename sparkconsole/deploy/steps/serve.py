@@ -163,11 +163,21 @@ class Serve(Step):
         parser = flow.options.reasoning_parser or ("qwen3" if "qwen3" in flow.options.model.lower() else None)
         if parser and flow.engine_kind.takes_reasoning_parser and not _has_flag(extra, "--reasoning-parser"):
             extra += ["--reasoning-parser", parser]
+        if self._fast_loader() and not _has_flag(extra, "--load-format"):
+            extra += ["--load-format", "fastsafetensors"]
         return ServeSpec(model=flow.options.model, served_name=flow.served_name, host=self._bind_host(),
                          port=int(flow.options.port), tp=int(flow.plan.tp or 1), pp=int(flow.plan.pp or 1),
                          gpu_memory_utilization=float(flow.plan.gmu or 0.85),
                          max_model_len=int(flow.plan.max_model_len or 65536),
                          kv_cache_dtype=flow.plan.kv_cache_dtype, extra_args=tuple(extra))
+
+    def _fast_loader(self) -> bool:
+        """The image's own Python imported ``fastsafetensors`` (the engine step's check, not its name):
+        vLLM then loads with it (``--load-format fastsafetensors``), as the field's recipes do."""
+        flow = self.flow
+        check = (flow.plan.engine_checks or {}).get(flow.image) or {}
+        return (flow.engine_kind is engine_kinds.VLLM and not check.get("expected")
+                and bool((check.get("versions") or {}).get("fastsafetensors")))
 
     def _log(self) -> str:
         return f"{self.flow.fact(self.flow.head).hf_dir}/sparkconsole/{self.runner.state.short_id}/serve.log"
