@@ -83,6 +83,8 @@ class DeploymentPlan:
     max_model_len: int | None = None
     kv_cache_dtype: str = "auto"
     plan_fits: bool = True
+    # --language-model-only: the vision tower is not loaded (plan.text-only); None: not asked
+    language_model_only: bool | None = None
     plan_vllm_version: str | None = None  # the vLLM whose rules the plan used
     max_concurrency: float | None = None  # requests of max_model_len tokens the KV cache holds at once
     need: dict[str, int] = field(default_factory=dict)  # bytes free each node must have at launch

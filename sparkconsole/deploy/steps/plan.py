@@ -32,7 +32,7 @@ def _cuda_total(f: NodeFacts) -> float:
 
 class Plan(Step):
     id, title = "plan", "Plan memory: one node or several"
-    decisions = ("plan.layout",)
+    decisions = ("plan.layout", "plan.text-only")
 
     @staticmethod
     def vllm_version(flow: Flow) -> str | None:
@@ -49,13 +49,49 @@ class Plan(Step):
                       if k.engine is VLLM and normalize_image(k.ref) == normalize_image(img)), None)
         return known or engines.version_from_ref(img)
 
+    async def _text_only(self, base: PlanOptions, tp: int, pp: int, kv: str) -> bool:
+        """``plan.text-only``: serve text only (``--language-model-only``, vLLM's own Qwen3.5 recipe for
+        text use), with what it frees counted by the planner, when the model has a vision tower.
+        A recipe (or the engine's flags) that already says ``--language-model-only`` answers it."""
+        flow = self.flow
+        if flow.spec.geometry.vision is None or flow.engine_kind is not VLLM:
+            flow.update(language_model_only=False)
+            return False
+        if "--language-model-only" in flow.extra_args:
+            flow.update(language_model_only=True)
+            return True
+        with_vision, text = (layout_row(flow.spec, dataclasses.replace(base, kv_cache_dtype=kv,
+                                                                       language_model_only=lmo), tp, pp)
+                             for lmo in (False, True))
+        if with_vision.get("error") or text.get("error"):
+            flow.update(language_model_only=False)
+            return False
+        freed = with_vision["weights_gib_per_node"] - text["weights_gib_per_node"]
+        more = text["max_concurrency"] - with_vision["max_concurrency"]
+        measured = (f"the vision tower: {freed:.1f} GiB of weights per node at TP={tp}",
+                    f"with it: {with_vision['kv_cache_gib_per_node']:.1f} GiB KV, {with_vision['max_concurrency']:.1f}x "
+                    f"concurrency; text only: {text['kv_cache_gib_per_node']:.1f} GiB KV, "
+                    f"{text['max_concurrency']:.1f}x (+{more:.1f})")
+        rec = "vision" if with_vision["fits"] else "text"
+        d = Decision("plan.text-only", self.id, "Images too, or text only?", measured, (
+            Option("vision", "keep the vision tower", "the model takes images as well as text, as its checkpoint serves"),
+            Option("text", "text only (--language-model-only)",
+                   f"the vision tower is not loaded: {freed:.1f} GiB per node go to the KV cache (vLLM's own recipe "
+                   "for text use); requests with images are refused"),
+        ), rec, "images stay possible and the layout fits with them" if rec == "vision" else
+           "only text fits: the vision tower's memory is needed for the KV cache")
+        text_only = await self.runner.decide(d) == "text"
+        flow.update(language_model_only=text_only)
+        return text_only
+
     @staticmethod
     def options(flow: Flow, vllm_version: str | None) -> PlanOptions:
         """The chosen plan's options, as the plan step stored them (for a re-plan by version)."""
         node_gib = min(_cuda_total(x) for x in flow.facts.values()) / GIB
         return PlanOptions(node_memory_gib=node_gib, max_model_len=flow.plan.max_model_len,
                            gpu_memory_utilization=float(flow.plan.gmu or 0.85),
-                           kv_cache_dtype=flow.plan.kv_cache_dtype or "auto", vllm_version=vllm_version, force=True)
+                           kv_cache_dtype=flow.plan.kv_cache_dtype or "auto", vllm_version=vllm_version, force=True,
+                           language_model_only=bool(flow.plan.language_model_only))
 
     async def decide(self) -> None:
         flow = self.flow
@@ -143,6 +179,7 @@ class Plan(Step):
         tp, pp, kv = layout.tp, layout.pp, layout.kv_cache_dtype
         if layout.max_model_len:
             base = dataclasses.replace(base, max_model_len=layout.max_model_len)
+        base = dataclasses.replace(base, language_model_only=await self._text_only(base, tp, pp, kv))
         chosen = layout_row(flow.spec, dataclasses.replace(base, kv_cache_dtype=kv), tp, pp)
         flow.update(tp=tp)
         flow.update(pp=pp)

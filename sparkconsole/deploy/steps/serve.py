@@ -163,6 +163,8 @@ class Serve(Step):
         parser = flow.options.reasoning_parser or ("qwen3" if "qwen3" in flow.options.model.lower() else None)
         if parser and flow.engine_kind.takes_reasoning_parser and not _has_flag(extra, "--reasoning-parser"):
             extra += ["--reasoning-parser", parser]
+        if flow.plan.language_model_only and not _has_flag(extra, "--language-model-only"):
+            extra.append("--language-model-only")  # the vision tower is not loaded (plan.text-only)
         if self._fast_loader() and not _has_flag(extra, "--load-format"):
             extra += ["--load-format", "fastsafetensors"]
         return ServeSpec(model=flow.options.model, served_name=flow.served_name, host=self._bind_host(),
@@ -472,6 +474,7 @@ class Serve(Step):
             return
         opts = PlanOptions(tp=int(self.flow.plan.tp or 1), max_model_len=self.flow.plan.max_model_len,
                            gpu_memory_utilization=float(self.flow.plan.gmu or 0.85), force=True,
+                           language_model_only=bool(self.flow.plan.language_model_only),
                            vllm_version=self.flow.plan.vllm_version)  # the image's, as the engine step read it
         cal = serve_calibration(spec, "".join(getattr(self, "_seen", [])), opts)
         if cal is None:
