@@ -1055,3 +1055,79 @@ def uvx_available() -> RemoteScript:
 def home_dir() -> RemoteScript:
     """``echo "$HOME"``: the login user's home (where the API key file is)."""
     return RemoteScript((), text='echo "$HOME"', summary="the login user's home")
+
+
+# ---- Ray's authentication token ----------------------------------------------------------------
+#
+# Ray's token authentication (docs.ray.io ray-security/token-auth.html and
+# ray-core/internals/token-authentication.html): available from Ray 2.52.0; switched by RAY_AUTH_MODE
+# (``disabled`` | ``token``), which must be set the same on every node; with ``token`` Ray takes the token
+# from RAY_AUTH_TOKEN (the environment), else RAY_AUTH_TOKEN_PATH (a file: unreadable or empty is fatal,
+# "RAY_AUTH_TOKEN_PATH is set but file cannot be opened or is empty", src/ray/rpc/authentication/
+# authentication_token_loader.cc, which reads the file's first line, whitespace trimmed), else
+# ~/.ray/auth_token. Ray 2.59 turns it on by default for local clusters and Ray 2.61 for all clusters
+# (docs.ray.io banner). The wizard sets it explicitly: a token made on the head like the API key (the
+# kernel's random UUIDs, by the head's own shell), kept in a mode-600 file of the login user, copied to
+# each worker node-to-node on ssh's stdin, and given to each Ray container as a read-only mounted file
+# named by RAY_AUTH_TOKEN_PATH. Its value is in no command line, journal, state or event: every command
+# here names only the file.
+
+RAY_TOKEN_IN_CONTAINER = "/run/sparkconsole/ray-token"  # where the Ray containers see the token file
+
+
+def ray_token_path(home: str) -> str:
+    """Where a node keeps the Ray cluster's token: ``~/.config/sparkconsole/ray-token`` of its login user."""
+    return validate_path(f"{home.rstrip('/')}/.config/sparkconsole/ray-token")
+
+
+def ray_token_env() -> list[tuple[str, str]]:
+    """The environment every Ray process the wizard starts carries: token mode, and the token's file
+    (its path in the container, never its value)."""
+    return [("RAY_AUTH_MODE", "token"), ("RAY_AUTH_TOKEN_PATH", RAY_TOKEN_IN_CONTAINER)]
+
+
+def ray_token_mount(path: str) -> list[str]:
+    """``--mount type=bind,source=FILE,target=RAY_TOKEN_IN_CONTAINER,readonly``: the node's token file
+    in a Ray container, read-only. ``--mount`` rather than ``-v``: "If you use --mount to bind-mount a file
+    or directory that does not yet exist on the Docker host, Docker does not automatically create it for
+    you, but generates an error" (docs.docker.com storage/bind-mounts), where ``-v`` would make an empty
+    directory of the missing file and Ray would start on it."""
+    p = validate_path(path)
+    if "," in p:  # --mount's fields are comma-separated: a comma in the path would start another field
+        raise ValidationError(f"not an acceptable path for --mount: {path!r}")
+    return ["--mount", f"type=bind,source={p},target={RAY_TOKEN_IN_CONTAINER},readonly"]
+
+
+def make_ray_token(path: str) -> RemoteScript:
+    """:func:`make_api_key`'s form for Ray's token: made on the head from the kernel's random UUIDs by
+    the head's own shell, mode 600 in a mode-700 folder, an existing one kept (a resume restarts no
+    container: the running ones keep the token they read). Nothing of it is in this text, nothing
+    comes back."""
+    p = validate_path(path)
+    f, d = shlex.quote(p), shlex.quote(p.rsplit("/", 1)[0] or "/")
+    text = (f"umask 077 && mkdir -p {d} && {{ [ -s {f} ] || "
+            f"printf '%s%s\\n' \"$(cat {_KERNEL_UUID})\" \"$(cat {_KERNEL_UUID})\" > {f}; }}")
+    return RemoteScript((), mutating=True, text=text,
+                        summary=f"keep a token for Ray's authentication in {p} (made once, on the node, mode 600)")
+
+
+def copy_ray_token(path: str, user_host: str, dest: str, *, port: int | None = None) -> RemoteScript:
+    """``[ -s FILE ] && cat FILE | ssh -o BatchMode=yes [-p PORT] USER@PEER 'umask 077 && mkdir -p DIR &&
+    cat > DEST.new && [ -s DEST.new ] && mv -f DEST.new DEST'``: the head's token to a worker, node to
+    node, the way the weights and the image go (:func:`ssh_to`, never a password asked). The token
+    travels on ssh's stdin, so it is in no command line on either node; the far side writes it mode
+    600 and only a whole, non-empty copy replaces the file there."""
+    src, dst = validate_path(path), validate_path(dest)
+    f = shlex.quote(src)
+    d = dst.rsplit("/", 1)[0] or "/"
+    far = (f"umask 077 && mkdir -p {shlex.quote(d)} && cat > {shlex.quote(dst + '.new')} && "
+           f"[ -s {shlex.quote(dst + '.new')} ] && mv -f {shlex.quote(dst + '.new')} {shlex.quote(dst)}")
+    ssh = ssh_to(user_host, "sh", "-c", far, port=port)
+    return RemoteScript((), mutating=True, text=f"[ -s {f} ] && cat {f} | {ssh.shell()}",
+                        summary=f"copy Ray's token to {user_host.rpartition('@')[2]} (on ssh's stdin, mode 600)")
+
+
+def remove_file(path: str, summary: str = "") -> RemoteCommand:
+    """``rm -f FILE``: a file this deployment made (teardown)."""
+    p = validate_path(path)
+    return command("rm", "-f", p, mutating=True, summary=summary or f"remove {p}")

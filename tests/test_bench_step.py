@@ -35,7 +35,8 @@ async def test_the_wizard_offers_a_benchmark_after_verify_runs_it_when_asked_and
         benches = [t for _t, n, t in run.sent if "vllm bench serve" in t and n == head]
         assert len(benches) == 3 and len([1 for _t, _n, t in run.sent if "vllm bench serve" in t]) == 3
         assert [f"--max-concurrency {c} " in t for c, t in zip((1, 4, 8), benches, strict=True)] == [True] * 3
-        assert all("docker exec -e OPENAI_API_KEY sparkconsole-ray-" in t for t in benches)  # the Ray head's container
+        # the engine's own container on the head (the story starts vLLM natively: no Ray container)
+        assert all("docker exec -e OPENAI_API_KEY sparkconsole-vllm-" in t for t in benches)
         key = run.demo.sim.engine_on_port(head, 8000, run.demo.sim.now()).api_key
         assert key and not any(key in t for _t, _n, t in run.sent)
         notes = _notes(run)

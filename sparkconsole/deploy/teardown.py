@@ -9,10 +9,11 @@ from typing import ClassVar
 from sparkconsole.deploy.decisions import Decision, Option
 from sparkconsole.deploy.flow import Flow
 from sparkconsole.deploy.runner import StepFailed
+from sparkconsole.deploy.steps.cluster import MADE_FILES
 from sparkconsole.deploy.steps.memory import drop_page_cache
 from sparkconsole.logs.follow import display_text
 from sparkconsole.probe.parsers import parse_docker_ps
-from sparkconsole.remote import command, docker_action, docker_rm_force, systemctl_action
+from sparkconsole.remote import command, docker_action, docker_rm_force, remove_file, systemctl_action
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Teardown:
                 raise StepFailed(f"{n}: still there after removal: {', '.join(sorted(left))}")
         runner.state.started = []
         runner.state.jobs = {}
+        runner.state.facts.pop(MADE_FILES, None)
         runner.save()
         if runner.state.stopped:
             d = Decision("teardown.restore", "teardown", "Start the services this deployment stopped again",
@@ -81,6 +83,13 @@ class Teardown:
             res = await runner.change(n, docker_rm_force(*names))
             if not res.ok and "No such container" not in res.stderr:
                 raise StepFailed(f"{n}: docker rm -f failed: {display_text(res.stderr.strip()[-200:])}")
+        # the files the deployment made on the nodes (Ray's token: cluster step), once no container
+        # mounts them any more; `rm -f`: one already gone is no failure
+        for n, paths in sorted((runner.state.facts.get(MADE_FILES) or {}).items()):
+            for path in paths:
+                res = await runner.change(n, remove_file(path, f"remove {path} (made by this deployment)"))
+                if not res.ok:
+                    raise StepFailed(f"{n}: rm -f {path} failed: {display_text(res.stderr.strip()[-200:])}")
 
     async def _restore(self) -> None:
         """The page cache the model's weights left would fail the services' own start-up memory check:

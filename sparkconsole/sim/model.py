@@ -218,6 +218,10 @@ _CUDA_ENV = (("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 _UBUNTU_LABELS = (("org.opencontainers.image.ref.name", "ubuntu"), ("org.opencontainers.image.version", "22.04"))
 _CU130_ARCHS = ("sm_80", "sm_90", "sm_100", "sm_110", "sm_120")
 
+# Ray in the images (Ray's token authentication exists from 2.52 and is on by default from 2.61, docs.ray.io;
+# sim/tools/ray.py): vLLM 0.17.0's image carries Ray 2.54 [../shared/research/engines-gb10.md "Ray, or vLLM's
+# native multi-node"], so it has the feature and leaves it off unless RAY_AUTH_MODE=token; v0.14.1's 2.53.0 is
+# illustrative (between the two, as its release date is); NGC 26.05 has no Ray. No image here has Ray >= 2.61.
 IMAGE_OLD = Image("vllm/vllm-openai:v0.14.1", "0.14.1", int(19.7 * GB), "2026-01-24", False,
                   torch="2.9.1+cu129", ray="2.53.0", commands=(*_VLLM_CMDS, *_RAY_CMDS), labels=_UBUNTU_LABELS,
                   env=_CUDA_ENV)
@@ -722,6 +726,7 @@ class RayMember:
 class RayCluster:
     address: str  # "192.168.200.12:6379"
     members: dict[str, RayMember] = field(default_factory=dict)
+    token: str | None = None  # the head's token when it runs in token mode (sim/tools/ray.py); None: no auth
 
 
 # ---- nodes -------------------------------------------------------------------------------------

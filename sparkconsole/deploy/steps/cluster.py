@@ -15,14 +15,26 @@ from sparkconsole.probe.parsers import parse_ray_status
 
 if TYPE_CHECKING:
     from sparkconsole.deploy.flow import Flow
+from sparkconsole.deploy.weights import peer_port
 from sparkconsole.remote import (
     RemoteCommand,
+    copy_ray_token,
     docker_exec,
     docker_rm_force,
     docker_run,
+    make_ray_token,
+    ray_token_env,
+    ray_token_mount,
+    ray_token_path,
 )
 
 RAY_PORT = 6379
+# Ray's token authentication exists from Ray 2.52.0 (docs.ray.io ray-security/token-auth.html: "Token
+# authentication is available in Ray 2.52.0 or later"); an older Ray ignores RAY_AUTH_MODE and its ports
+# take no authentication
+RAY_AUTH_SINCE = (2, 52)
+# where the deployment's state keeps the files it made on the nodes ({node: [path, ...]}): teardown removes them
+MADE_FILES = "made_files"
 
 
 DOCKER_OPTS = ["--network", "host", "--ipc", "host", "--gpus", "all", "--device", "/dev/infiniband",
@@ -89,7 +101,8 @@ class Cluster(Step):
             self.flow.update(executor="native")
             return
         has_ray = self._image_has_ray()
-        ray_why = ("`ray status` proves every GPU joined before serving; Ray's ports take no authentication"
+        ray_why = ("`ray status` proves every GPU joined before serving; Ray's own token (made on the head, copied to "
+                   "each worker, never in a command line) guards its ports"
                    if has_ray is not False else
                    f"{self.flow.image} has no Ray (NGC 26.05 and vLLM images from about 0.19 ship without it): "
                    "`ray start` would fail with \"ray\": executable file not found")
@@ -126,19 +139,63 @@ class Cluster(Step):
         flow = self.flow
         ip = flow.ip(n)
         if n == flow.head:
-            # Ray's ports take no authentication and its GCS listens on every interface (--node-ip-address
-            # is the address it gives out, not a bind), so the cluster belongs on a trusted network. What
-            # can be bound is: the dashboard (it submits jobs, that is, runs code) on 127.0.0.1, named
-            # rather than left to the image's Ray (`ray start --dashboard-host`: "either localhost
-            # (127.0.0.1) or 0.0.0.0 (available from all interfaces)", docs.ray.io cluster/cli.html)
+            # Ray's GCS listens on every interface (--node-ip-address is the address it gives out, not a
+            # bind); with the token (below) its RPCs and HTTP need it (docs.ray.io ray-core/internals/
+            # token-authentication.html: "all supported RPC and HTTP entry points enforce token based
+            # authentication"), but the token crosses the wire in clear ("Token authentication does not
+            # encrypt traffic", docs.ray.io kuberay auth guide), so the cluster still belongs on a trusted
+            # network. What can be bound is: the dashboard (it submits jobs, that is, runs code) on
+            # 127.0.0.1, named rather than left to the image's Ray (`ray start --dashboard-host`: "either
+            # localhost (127.0.0.1) or 0.0.0.0 (available from all interfaces)", docs.ray.io cluster/cli.html)
             args = ["start", "--block", "--head", f"--node-ip-address={ip}", f"--port={RAY_PORT}",
                     "--dashboard-host=127.0.0.1"]
         else:
             args = ["start", "--block", f"--address={flow.ip(flow.head)}:{RAY_PORT}", f"--node-ip-address={ip}"]
         hf = flow.fact(n).hf_dir
-        return docker_run(flow.container("ray"), flow.image, options=self._options(n), entrypoint="ray", args=args,
-                          env=flow.env(n), mounts=[(hf, "/root/.cache/huggingface")],
-                          summary=f"start the Ray {'head' if n == flow.head else 'worker'} on {n}")
+        # Ray's authentication made explicit (RAY_AUTH_MODE must be the same on every node; Ray 2.61 turns
+        # token mode on by default for all clusters, so an unset mode would need a token anyway): token
+        # mode, the token's file mounted read-only and named by RAY_AUTH_TOKEN_PATH, never its value
+        return docker_run(flow.container("ray"), flow.image, options=[*self._options(n), *ray_token_mount(
+                          self._token_file(n))], entrypoint="ray", args=args, env=[*flow.env(n), *ray_token_env()],
+                          mounts=[(hf, "/root/.cache/huggingface")],
+                          summary=f"start the Ray {'head' if n == flow.head else 'worker'} on {n} "
+                                  "(token authentication: the token read from a mounted file)")
+
+    def _token_file(self, n: str) -> str:
+        """The node's file of Ray's token (its login user's ``~/.config/sparkconsole/ray-token``)."""
+        return ray_token_path(self.flow.fact(n).home or "/root")
+
+    async def _tokens(self) -> None:
+        """Ray's token, before any Ray container starts: made on the head (kept if there: a resume), then
+        copied head → each worker over ssh's stdin (the network step checked that ssh), each a change
+        shown, confirmed and journaled. Each file is recorded in the state for teardown."""
+        flow = self.flow
+        head_file = self._token_file(flow.head)
+        made: dict[str, list[str]] = dict(self.runner.state.facts.get(MADE_FILES) or {})
+        res = await self.runner.change(flow.head, make_ray_token(head_file), timeout=60)
+        if not res.ok:
+            raise StepFailed(f"{flow.head}: Ray's token could not be made in {head_file}: {res.stderr.strip()[-200:]}",
+                             f"check {head_file.rsplit('/', 1)[0]} is the login user's and writable")
+        made[flow.head] = sorted({*made.get(flow.head, []), head_file})
+        for n in flow.nodes:
+            if n == flow.head:
+                continue
+            dest = self._token_file(n)
+            res = await self.runner.change(flow.head, copy_ray_token(head_file, flow.user_at(n), dest,
+                                                                     port=peer_port(flow, n)), timeout=60)
+            if not res.ok:
+                raise StepFailed(f"{flow.head} could not copy Ray's token to {n}: {res.stderr.strip()[-200:]}",
+                                 f"on {flow.head}: `ssh {flow.user_at(n)} true` must work without a password "
+                                 "(the network step checks it), then --resume")
+            made[n] = sorted({*made.get(n, []), dest})
+        self.runner.state.facts[MADE_FILES] = made
+        self.runner.save()
+        ray = ((((self.flow.plan.engine_checks or {}).get(flow.image) or {}).get("versions")) or {}).get("ray")
+        version = engines.version_tuple(ray)
+        if version and version < RAY_AUTH_SINCE:
+            self.runner.note(f"{flow.image}'s Ray {ray} predates token authentication (Ray 2.52): it ignores the "
+                             "token, and its ports take no authentication; keep the cluster on a trusted network",
+                             "warning")
 
     def _options(self, n: str) -> list[str]:
         """DOCKER_OPTS as far as the node's hardware goes: the GPU only where recon read one, the
@@ -158,8 +215,10 @@ class Cluster(Step):
         return len(self.flow.nodes) if all(self.flow.fact(n).gpu for n in self.flow.nodes) else 0
 
     async def _status(self) -> tuple[int, float]:
-        res = await self.runner.read(self.flow.head, docker_exec(self.flow.container("ray"), ["ray", "status"]), timeout=60,
-                                quiet=True)
+        # the container's own environment has the token's mode and file already (docker run -e); said again
+        # here so `ray status` authenticates whatever the container was started with
+        res = await self.runner.read(self.flow.head, docker_exec(self.flow.container("ray"), ["ray", "status"],
+                                                                 env=ray_token_env()), timeout=60, quiet=True)
         st = parse_ray_status(res.stdout) if res.ok else None
         self._cpus = (st.cpus_total or 0.0) if st else 0.0
         return (st.active_nodes or 0, st.gpus_total or 0.0) if st else (0, 0.0)
@@ -183,6 +242,7 @@ class Cluster(Step):
             self.runner.note("native multi-node: the serve step starts one engine container per node, workers first")
             return
         name = flow.container("ray")
+        await self._tokens()
         for n in flow.nodes:
             st = self._states[n] if n in self._states else await self.flow.inspect(n, name)
             if await adopt_or_clear(self.flow, n, name, st):
