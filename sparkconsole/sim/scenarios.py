@@ -62,7 +62,7 @@ def _service(cluster: SimCluster, node: str, name: str, model: str, argv: list[s
                    node=node, created=t0 - 2.0, started=t0, kind="vllm",
                    mounts=cluster.login(node).hf_home,  # -v ~/.cache/huggingface:/root/.cache/huggingface
                    binds=((cluster.login(node).hf_home, "/root/.cache/huggingface"),))
-    args = vllm_logs.parse_serve_args(argv)
+    args = vllm_logs.parse_serve_args(argv, version=IMAGE_OLD.vllm_version)
     ct.engine = vllm_logs.plan_serve(cluster, cluster.node(node), name, IMAGE_OLD.vllm_version, args, t0,
                                      pid_api=1, activity=activity)
     ct.host_rss = int((2.4 if model == GLM else 1.3) * GIB)

@@ -3,6 +3,10 @@
 Every line is built from the format strings of the real vLLM release the image carries (see
 ``../shared/research/vllm-log-phases.md`` and ``tests/fixtures/real/vllm-logs/``):
 
+* the command line as the image's release parses it (:func:`parse_serve_args`): exactly the options
+  its ``vllm serve`` has (``data/vllm_serve_flags.json``, read from each release's own parser), with
+  vLLM's ``FlexibleArgumentParser`` rewrites and argparse's rules; anything else is argparse's ``usage:
+  vllm ...`` / ``vllm: error: unrecognized arguments: ...`` and exit 2;
 * the envelope ``(APIServer pid=1) INFO 03-27 17:45:01 [api_server.py:1351] ...``, engine lines
   under ``(EngineCore_DP0 pid=N)``, Ray workers under ``(EngineCore_DP0 pid=N) (RayWorkerWrapper
   pid=M, ip=A.B.C.D)`` (``ip=`` only on another node);
@@ -67,10 +71,12 @@ phase in :class:`~sparkconsole.sim.serve_plan.ServePlan`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sparkconsole.sim.model import (
     MODELS,
@@ -155,59 +161,261 @@ def ray_copied(driver: DriverEnv, version: str) -> dict[str, str]:
             if (k.startswith(RAY_COPY_PREFIXES) or k in RAY_COPY_EXTRA) and k not in skip}
 
 
-_VALUE_FLAGS = {
-    "--host": "host", "--port": "port", "--tensor-parallel-size": "tp", "-tp": "tp",
-    "--pipeline-parallel-size": "pp", "-pp": "pp",
-    "--gpu-memory-utilization": "gmu", "--max-model-len": "max_model_len",
-    "--served-model-name": "served_name", "--reasoning-parser": "reasoning_parser",
-    "--distributed-executor-backend": "backend", "--load-format": "load_format",
-    "--max-num-seqs": "max_num_seqs", "--max-num-batched-tokens": "max_num_batched_tokens",
-    "--kv-cache-dtype": "kv_cache_dtype", "--runner": "runner", "--task": "runner",
-    "--nnodes": "nnodes", "-n": "nnodes", "--node-rank": "node_rank", "-r": "node_rank",
-    "--master-addr": "master_addr", "--master-port": "master_port",
+# the options ServeArgs keeps by name, by their argparse ``dest``; every other known option goes to ``extra``
+_VALUE_DESTS = {
+    "host": "host", "port": "port", "tensor_parallel_size": "tp", "pipeline_parallel_size": "pp",
+    "gpu_memory_utilization": "gmu", "max_model_len": "max_model_len", "served_model_name": "served_name",
+    "reasoning_parser": "reasoning_parser", "distributed_executor_backend": "backend",
+    "load_format": "load_format", "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+    "kv_cache_dtype": "kv_cache_dtype", "runner": "runner", "task": "runner", "nnodes": "nnodes",
+    "node_rank": "node_rank", "master_addr": "master_addr", "master_port": "master_port",
 }
 _INT_ATTRS = ("port", "tp", "pp", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "nnodes", "node_rank",
               "master_port")
-_BOOL_FLAGS = {"--enforce-eager": "enforce_eager", "--trust-remote-code": "trust_remote_code",
-               "--enable-prefix-caching": "enable_prefix_caching", "--headless": "headless"}
+_BOOL_DESTS = ("enforce_eager", "trust_remote_code", "enable_prefix_caching", "headless")
+
+# The options of each release's ``vllm serve`` parser, as vLLM itself builds it (vllm/entrypoints/cli/main.py:
+# main -> serve.py subparser_init -> openai/cli_args.py make_arg_parser -> FrontendArgs/EngineArgs.add_cli_args):
+# the file's "source" names the release wheels and the files read.
+SERVE_FLAGS_PATH = Path(__file__).with_name("data") / "vllm_serve_flags.json"
 
 
-def parse_serve_args(argv: list[str]) -> ServeArgs:
-    """``vllm serve MODEL [flags]`` (argv after ``serve``)."""
-    if not argv or argv[0].startswith("-"):
-        raise ServeArgError("vllm serve: error: the following arguments are required: model_tag")
-    args = ServeArgs(model=argv[0])
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        key, val = ([*a.split("=", 1), None])[:2] if a.startswith("--") and "=" in a else (a, None)
-        if key in _VALUE_FLAGS:
-            if val is None:
-                if i + 1 >= len(argv):
-                    raise ServeArgError(f"vllm serve: error: argument {key}: expected one argument")
-                val = argv[i + 1]
-                i += 1
-            attr = _VALUE_FLAGS[key]
-            try:
-                if attr in _INT_ATTRS:
-                    setattr(args, attr, int(val))
-                elif attr == "gmu":
-                    args.gmu = float(val)
-                else:
-                    setattr(args, attr, val)
-            except ValueError:
-                raise ServeArgError(f"vllm serve: error: argument {key}: invalid value: '{val}'") from None
-        elif key in _BOOL_FLAGS:
-            setattr(args, _BOOL_FLAGS[key], True)
-        elif key == "--no-enable-prefix-caching":
-            args.enable_prefix_caching = False
-        elif key.startswith("--"):
-            # other flags are accepted and shown in non-default args; a following value is kept
-            if val is None and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                val = argv[i + 1]
-                i += 1
-            args.extra[key[2:].replace("-", "_")] = True if val is None else val
+@functools.cache
+def serve_flag_data() -> dict:
+    return json.loads(SERVE_FLAGS_PATH.read_text())
+
+
+def _vtuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+
+def serve_parser_version(version: str) -> str:
+    """The release of the data whose parser stands for ``version``'s: the same release, else the newest
+    one at or below it, else the oldest; "" (not known) takes the newest."""
+    known = sorted(serve_flag_data()["versions"], key=_vtuple)
+    if version in known:
+        return version
+    if not version or not _vtuple(version):
+        return known[-1]
+    below = [k for k in known if _vtuple(k) <= _vtuple(version)]
+    return below[-1] if below else known[0]
+
+
+@functools.cache
+def serve_options(version: str) -> dict[str, dict]:
+    """Option string -> its action (``options``, ``dest``, ``action``, ``nargs``, ``type``), in the order
+    vLLM adds them (argparse lists ambiguous matches in that order)."""
+    rel = serve_flag_data()["versions"][serve_parser_version(version)]
+    return {o: a for a in rel["actions"] for o in a["options"]}
+
+
+_NEG_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _flexible_argv(argv: list[str]) -> list[str]:
+    """What vLLM's ``FlexibleArgumentParser.parse_args`` hands argparse for ``vllm serve ARGV``
+    [vllm/utils/argparse_utils.py]: ``--model M`` moved to the front as the positional, ``_`` -> ``-`` in
+    an option's name (before any ``.`` and ``=``), ``-O3``/``-O 3`` -> ``--optimization-level 3``, and
+    dotted options (``--compilation-config.mode 3``, ``--x.list+ a,b``) merged into one JSON value each,
+    appended at the end. (``--config FILE`` is not read: the YAML's options are not seen.)"""
+    args = list(argv)
+    idx = next((i for i, a in enumerate(args) if a == "--model" or a.startswith("--model=")), None)
+    if idx is not None and (args[idx] != "--model" or idx + 1 < len(args)):
+        model, rest = (args[idx + 1], idx + 2) if args[idx] == "--model" else (args[idx][8:], idx + 1)
+        args = [model, *args[:idx], *args[rest:]]
+    out: list[str] = []
+    for i, a in enumerate(args):
+        if a.startswith("--help="):
+            out.append("--help")
+        elif a.startswith("--"):
+            key, eq, value = a.partition("=")
+            name, dot, rest = key[2:].partition(".")
+            out.append("--" + name.replace("_", "-") + dot + rest + eq + value)
+        elif a.startswith("-O") and a != "-O":
+            out += ["--optimization-level", a[3:] if a[2] == "=" else a[2:]]
+        elif a == "-O" and i + 1 < len(args) and args[i + 1] in {"0", "1", "2", "3"}:
+            out.append("--optimization-level")
+        else:
+            out.append(a)
+    drop: set[int] = set()
+    dicts: dict[str, dict] = {}
+    for i, a in enumerate(out):
+        if i in drop or not a.startswith("-") or "." not in a:
+            continue
+        if "=" in a:
+            a, value_str = a.split("=", 1)
+            if "." not in a:
+                continue
+        elif i + 1 < len(out):
+            value_str = out[i + 1]
+            drop.add(i + 1)
+        else:
+            continue
+        if a.endswith("+"):
+            a, value_str = a[:-1], json.dumps(value_str.split(","))
+        key, *keys = a.split(".")
+        try:
+            value: object = json.loads(value_str)
+        except ValueError:
+            value = value_str
+        for k in reversed(keys):
+            value = {k: value}
+        _merge(dicts.setdefault(key, {}), value)  # type: ignore[arg-type]
+        drop.add(i)
+    out = [a for i, a in enumerate(out) if i not in drop]
+    for key, value in dicts.items():
+        out += [key, json.dumps(value)]
+    return out
+
+
+def _merge(into: dict, update: dict) -> None:
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        elif isinstance(v, list) and isinstance(into.get(k), list):
+            into[k] += v
+        else:
+            into[k] = v
+
+
+def _serve_error(rel: dict, message: str) -> ServeArgError:
+    """argparse's ``error`` of the ``serve`` subparser: its usage, then ``vllm serve: error: ...`` (exit 2)."""
+    return ServeArgError(f"{rel['serve_usage']}\n{rel['serve_prog']}: error: {message}")
+
+
+def _parse_optional(tok: str, opts: dict[str, dict], rel: dict) -> tuple[str | None, str | None] | None:
+    """argparse's ``_parse_optional`` (Python 3.12): ``(option, explicit argument)`` for a known option (an
+    unambiguous prefix of a ``--`` option included, as ``allow_abbrev`` is on), ``(None, None)`` for an
+    unknown one, None for a positional."""
+    if not tok or tok[0] != "-":
+        return None
+    if tok in opts:
+        return tok, None
+    if len(tok) == 1:
+        return None
+    name, sep, explicit = tok.partition("=")
+    if sep and name in opts:
+        return name, explicit
+    matches: list[tuple[str, str | None]] = []
+    if tok[1] == "-":
+        if rel.get("allow_abbrev", True):
+            prefix, sep, explicit = tok.partition("=")
+            matches = [(o, explicit if sep else None) for o in opts if o.startswith(prefix)]
+    else:
+        for o in opts:
+            if o == tok[:2]:
+                matches.append((o, tok[2:]))
+            elif o.startswith(tok):
+                matches.append((o, None))
+    if len(matches) > 1:
+        raise _serve_error(rel, f"ambiguous option: {tok} could match {', '.join(o for o, _ in matches)}")
+    if matches:
+        return matches[0]
+    if _NEG_NUMBER.match(tok) or " " in tok:
+        return None
+    return None, None
+
+
+def _convert(action: dict, value: str, rel: dict) -> object:
+    """A value as the action's ``type`` makes it (ints and floats; anything else stays a string)."""
+    kind = action.get("type", "")
+    inner = action.get("of", kind) if kind == "_optional_type" else kind
+    if kind == "_optional_type" and value in ("", "None"):
+        return None
+    try:
+        if inner in ("int", "human_readable_int", "human_readable_int_or_auto"):
+            m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
+            if m and inner != "int":
+                mult = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(m.group(2))
+                return int(float(m.group(1)) * mult) if mult else int(m.group(1)) * 2 ** (
+                    10 * " KMGT".index(m.group(2)))
+            if inner == "human_readable_int_or_auto" and value.strip().lower() in ("-1", "auto"):
+                return -1
+            return int(value)
+        if inner == "float":
+            return float(value)
+    except ValueError:
+        raise _serve_error(rel, f"argument {'/'.join(action['options'])}: invalid {kind} value: "
+                                f"{value!r}") from None
+    return value
+
+
+def parse_serve_args(argv: list[str], version: str = "") -> ServeArgs:
+    """``vllm serve MODEL [flags]`` (argv after ``serve``) as vLLM ``version``'s parser takes it: the options
+    it knows (:func:`serve_options`), ``--max_model_len`` as ``--max-model-len``, ``--flag=value``, unambiguous
+    abbreviations, the short aliases; anything else ends it as argparse does (``usage: vllm ...`` then
+    ``vllm: error: unrecognized arguments: ...``, exit 2)."""
+    rel = serve_flag_data()["versions"][serve_parser_version(version)]
+    opts = serve_options(version)
+    toks = _flexible_argv(argv)
+    dash = toks.index("--") if "--" in toks else len(toks)
+    kinds = [_parse_optional(t, opts, rel) if i < dash else None for i, t in enumerate(toks)]
+    model: str | None = None
+    extras: list[str] = []
+    found: list[tuple[dict, str, object]] = []
+    i = 0
+    while i < len(toks):
+        tok, kind = toks[i], kinds[i]
         i += 1
+        if i - 1 == dash:
+            continue
+        if kind is None:
+            if model is None:
+                model = tok
+            else:
+                extras.append(tok)
+            continue
+        opt, explicit = kind
+        if opt is None:
+            extras.append(tok)
+            continue
+        action = opts[opt]
+        nargs, name = action["nargs"], "/".join(action["options"])
+        if explicit is not None:
+            if nargs == 0:
+                raise _serve_error(rel, f"argument {name}: ignored explicit argument '{explicit}'")
+            values = [explicit]
+        else:
+            avail = 0
+            while i + avail < len(toks) and kinds[i + avail] is None and i + avail != dash:
+                avail += 1
+            take = nargs if isinstance(nargs, int) else min(1, avail) if nargs == "?" else avail
+            if isinstance(nargs, int) and nargs > avail:
+                raise _serve_error(rel, f"argument {name}: expected one argument" if nargs == 1 else
+                                   f"argument {name}: expected {nargs} arguments")
+            if nargs == "+" and not avail:
+                raise _serve_error(rel, f"argument {name}: expected at least one argument")
+            values = toks[i:i + take]
+            i += take
+        if nargs == 0:  # --x / --no-x (argparse.BooleanOptionalAction), a store_true/false/const
+            found.append((action, opt, not opt.startswith("--no-") if action["action"] == "booleanoptional"
+                          else action.get("value", True)))
+        elif nargs in (1, "?"):
+            found.append((action, opt, _convert(action, values[0], rel) if values else None))
+        else:
+            found.append((action, opt, [_convert(action, v, rel) for v in values]))
+    if extras:
+        raise ServeArgError(f"{rel['top_usage']}\nvllm: error: unrecognized arguments: {' '.join(extras)}")
+    if model is None:
+        model = next((v for a, _o, v in found if a["dest"] == "model" and isinstance(v, str)), None)
+    if model is None:  # real vLLM serves ModelConfig's default, Qwen/Qwen3-0.6B: not modelled, refused
+        raise _serve_error(rel, "the following arguments are required: model_tag")
+    args = ServeArgs(model=model)
+    for action, _opt, value in found:
+        dest = action["dest"]
+        attr = _VALUE_DESTS.get(dest)
+        if attr is not None:
+            if isinstance(value, list):  # nargs "+" (--served-model-name A B): the first names it
+                value = value[0]
+            if attr in _INT_ATTRS and value is not None and not isinstance(value, int):
+                value = _convert({**action, "type": "int"}, str(value), rel)
+            elif attr == "gmu":
+                value = float(value)  # type: ignore[arg-type]
+            setattr(args, attr, value)
+        elif dest in _BOOL_DESTS:
+            setattr(args, dest, bool(value))
+        elif dest not in ("model", "help"):
+            args.extra[dest] = value
     if not 0 < args.gmu <= 1:
         raise ServeArgError(f"vllm serve: error: gpu_memory_utilization must be in (0, 1], got {args.gmu}")
     if not 0 <= args.node_rank < max(1, args.nnodes):
@@ -558,6 +766,8 @@ def plan_serve(
     # vllm/entrypoints/openai/api_server.py: `if token := args.api_key or envs.VLLM_API_KEY:` installs
     # the key check on /v1 (the flag first, then the environment; an empty value is no key)
     flag = args.extra.get("api_key")
+    if isinstance(flag, list):  # nargs "+" in the releases whose --api-key takes several keys: the first
+        flag = next((k for k in flag if k), None)
     run.api_key = (flag if isinstance(flag, str) and flag else None) or (
         driver_env.env.get("VLLM_API_KEY") if driver_env is not None else None) or None
     losses = sorted((cluster.node(n).lost_at, n) for n in run.nodes[1:] if cluster.node(n).lost_at is not None)

@@ -1077,7 +1077,7 @@ class DockerTools:
     def _start_engine(self, ct: Container, serve_argv: list[str], t: float, version: str, pid_api: int,
                       driver: vllm_logs.DriverEnv | None = None) -> str | None:
         try:
-            args = vllm_logs.parse_serve_args(serve_argv)
+            args = vllm_logs.parse_serve_args(serve_argv, version=version)
         except vllm_logs.ServeArgError as exc:
             ct.log.append(LogLine(t + 3.0, str(exc)))
             ct.stopped = t + 3.1
