@@ -147,6 +147,11 @@ class FileLogFollow:
         return out
 
 
+# `vllm serve --language-model-only` arrived in vLLM 0.17.0: the 0.14.1, 0.15.1 and 0.16.0 releases
+# parsers refuse it (read from each release's own parser: sparkconsole/sim/data/vllm_serve_flags.json)
+LANGUAGE_MODEL_ONLY_SINCE = (0, 17)
+
+
 def _has_flag(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
@@ -163,7 +168,8 @@ class Serve(Step):
         parser = flow.options.reasoning_parser or ("qwen3" if "qwen3" in flow.options.model.lower() else None)
         if parser and flow.engine_kind.takes_reasoning_parser and not _has_flag(extra, "--reasoning-parser"):
             extra += ["--reasoning-parser", parser]
-        if flow.plan.language_model_only and not _has_flag(extra, "--language-model-only"):
+        if flow.plan.language_model_only and not _has_flag(extra, "--language-model-only") and \
+                engines.version_tuple(flow.plan.vllm_version or "0.17") >= LANGUAGE_MODEL_ONLY_SINCE:
             extra.append("--language-model-only")  # the vision tower is not loaded (plan.text-only)
         if self._fast_loader() and not _has_flag(extra, "--load-format"):
             extra += ["--load-format", "fastsafetensors"]
