@@ -127,7 +127,8 @@ def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tea
         rc3, down, err3 = deploy(state, "--config", demo["config"], "--teardown", dep_id, "--auto")
         assert rc3 == 0, (err3, down[-3:])
         removed = [e["command"] for e in down if e["event"] == "command" and e["mutating"] and e["rc"] == 0]
-        assert any(c.startswith("docker rm -f sparkconsole-ray-") for c in removed)
+        # the engine's containers (vLLM's native start on both nodes: the story's default, no Ray)
+        assert sum(c.startswith("docker rm -f sparkconsole-vllm-") for c in removed) == 2
         assert {c for c in removed if c.startswith("docker start")} == {
             f"docker start {s.split(':', 1)[1]}" for s in d_answer(events, "free-memory.stop").split(",")}
         ps = ssh(demo["spark-1a32"], "docker ps --format '{{.Names}}'")
@@ -139,7 +140,12 @@ def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tea
     d = decisions(events)
     assert d["plan.layout"]["answer"] == d["plan.layout"]["recommended"] == "tp2"
     assert any("TP=1" in m and "does not fit" in m for m in d["plan.layout"]["measured"])
-    assert d["engine.image"]["answer"] == "vllm/vllm-openai:v0.17.0"  # on the head: a CUDA 12.9 build with sm_120
+    # a GB10 build, pulled: the head's vllm/vllm-openai:v0.17.0 knows the model but is an upstream build
+    # without vLLM's sm_121 kernels, offered last with the field's warning
+    assert d["engine.image"]["answer"] == "nvcr.io/nvidia/vllm:26.05-py3"
+    upstream = next(o for o in d["engine.image"]["options"] if o["value"] == "vllm/vllm-openai:v0.17.0")
+    assert "Error Internal" in upstream["why"]
+    assert d["cluster.executor"]["answer"] == "native"
     assert any("v0.14.1" in m and "NOT registered" in m for m in d["engine.image"]["measured"])
     stops = set(d["free-memory.stop"]["answer"].split(","))
     # GLM goes, and one of the two 8.4 GiB services (the less busy by docker stats); the rest keeps serving
@@ -151,7 +157,8 @@ def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tea
     shown = [e for e in events if e["event"] == "command" and e["mutating"] and e["rc"] is None]
     assert len(shown) == len(changed) > 10
     journal = [json.loads(x) for x in (state / "journal.jsonl").read_text().splitlines()]
-    assert {j["step"] for j in journal} >= {"weights", "images", "free-memory", "caches", "cluster", "serve"}
+    # (the cluster step sends nothing for vLLM's native start: there is no Ray to form)
+    assert {j["step"] for j in journal} >= {"engine", "weights", "images", "free-memory", "caches", "serve"}
     assert len({j["deployment"] for j in journal}) == 1
     # one download, where the tool is: the engine image's hf (a stock Spark has none on the host)
     assert sum("--entrypoint hf" in j["command"] for j in journal) == 1
@@ -170,7 +177,10 @@ def test_plan_only_on_stock_dgx_os_sends_nothing_a_stock_spark_would_refuse(tmp_
     kept from vLLM's Ray carry-over; an entrypoint named on every docker run; and nothing changed."""
     state = tmp_path / "state"
     with demo_cluster(tmp_path) as demo:
-        rc, events, err = deploy(state, "--config", demo["config"], "--plan-only")
+        # the Ray path on stock DGX OS (native is the default; Ray is the operator's choice), with the
+        # image already on the head
+        rc, events, err = deploy(state, "--config", demo["config"], "--plan-only", "--executor", "ray",
+                                 "--image", "vllm/vllm-openai:v0.17.0")
     assert rc == 0, err
     planned = [e for e in events if e["event"] == "planned"]
     text = "\n".join(f"{e['node']} {e['command']}" for e in planned)
@@ -183,7 +193,11 @@ def test_plan_only_on_stock_dgx_os_sends_nothing_a_stock_spark_would_refuse(tmp_
     assert "docker run --rm --name sparkconsole-download-" in download and "--user 1000:1000" in download
     assert "hf download" not in text  # the host has no hf
     assert "iflag=nocache" in text and "drop_caches" not in text  # the page cache freed without sudo
-    heads = [e["command"] for e in planned if e["step"] == "cluster"]
+    heads = [e["command"] for e in planned if e["step"] == "cluster" and "docker run" in e["command"]]
+    # Ray's token: made on the head, copied node to node as nvidia@ (never root@), before the containers
+    tokens = [e["command"] for e in planned if e["step"] == "cluster" and "ray-token" in e["command"]
+              and "docker run" not in e["command"]]
+    assert len(tokens) == 2 and f"nvidia@{worker_ip}" in tokens[1]
     assert len(heads) == 2 and "--head" in heads[0] and f"--address={head_ip}:6379" in heads[1]
     assert f"-e VLLM_HOST_IP={head_ip}" in heads[0] and f"-e VLLM_HOST_IP={worker_ip}" in heads[1]
     assert all("-e NCCL_IB_HCA=rocep1s0f1 " in h for h in heads)  # not roceP2p1s0f1: no IPv4 GID there
@@ -219,8 +233,10 @@ def test_plan_only_prints_exactly_the_changes_auto_then_sends(tmp_path):
     # docker stats, which move between the two runs as they would on real nodes
     # and the memory budget given: on stock nodes what stays cached after the caches step (root's to drop)
     # is measured only then, and fitting the budget to it would re-plan what --plan-only showed
+    # and an image already on every node: a pulled image copied to a worker stays in its page cache,
+    # root's to drop, measured only by the caches step (what --plan-only cannot know)
     stops = ("--answer", "free-memory.stop=spark-1a32:vllm-glm,spark-1a32:reranker",
-             "--gpu-memory-utilization", "0.68")
+             "--gpu-memory-utilization", "0.68", "--image", "vllm/vllm-openai:v0.17.0")
     with demo_cluster(tmp_path) as demo:
         rc, planned, err = deploy(tmp_path / "plan-state", "--config", demo["config"], "--plan-only", *stops)
         assert rc == 0, err
@@ -252,9 +268,9 @@ def test_old_image_pulls_the_known_good_one_and_serves(tmp_path):
         rc, events, err = deploy(tmp_path / "state", "--config", demo["config"], "--auto")
     assert rc == 0, (err, events[-3:])
     d = decisions(events)["engine.image"]
-    # the first known-good image: a Blackwell (CUDA 13) build
-    assert d["answer"] == "vllm/vllm-openai:v0.17.0-cu130" and "no image on the nodes knows" in d["why"]
-    assert any(e["event"] == "command" and e["command"].startswith("docker pull vllm/vllm-openai:v0.17.0-cu130")
+    # the first known-good image on a GB10: NVIDIA's GB10 build (CUDA 13, vLLM 0.20.1)
+    assert d["answer"] == "nvcr.io/nvidia/vllm:26.05-py3" and "no image on the nodes knows" in d["why"]
+    assert any(e["event"] == "command" and e["command"].startswith("docker pull nvcr.io/nvidia/vllm:26.05-py3")
                for e in events)
 
 
@@ -298,8 +314,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 def test_three_sparks_with_pipeline_stages_when_tp_cannot_span_them(tmp_path):
     """Qwen3.5-122B's 32 heads do not divide over 3 nodes: the plan offers PP=3, and the deployment
     copies to both workers in parallel, forms a 3-node Ray cluster and serves with the stages."""
+    # over Ray, as the operator chooses it: the simulator's native start does not model pipeline
+    # stages across nodes yet (its vLLM loads the whole model on each rank)
     rc, events, err = deploy(tmp_path / "state", "--demo", "--nodes", "3", "--speed", SPEED, "--auto",
-                             "--answer", "plan.layout=tp1-pp3")
+                             "--answer", "plan.layout=tp1-pp3", "--executor", "ray",
+                             "--answer", "engine.image=vllm/vllm-openai:v0.17.0")
     assert rc == 0, (err, events[-3:])
     plan = decisions(events)["plan.layout"]
     assert any("TP=1 x PP=3" in m and "fits" in m for m in plan["measured"])

@@ -175,9 +175,11 @@ def run_nodes(events) -> list[str]:
 
 
 async def _serve_fault(tmp_path, fault: str, presets: dict[str, str], on: int = 0):
-    """Run the story's flow (auto) on the demo cluster; when the weights are loading (past 20 %), end
-    the Ray container of node ``on`` (0: the head, where vLLM runs) with ``fault``; return what the
-    serve step did and when."""
+    """Run the story's flow (auto) over Ray on the demo cluster (the operator's choice: native is the
+    default; the head's vLLM 0.17 image has Ray); when the weights are loading (past 20 %), end the Ray
+    container of node ``on`` (0: the head, where vLLM runs) with ``fault``; return what the serve step
+    did and when."""
+    presets = {"engine.image": "vllm/vllm-openai:v0.17.0", "cluster.executor": "ray", **presets}
     loading = asyncio.Event()
 
     def watch(e) -> None:

@@ -202,6 +202,8 @@ async def test_the_wizard_forms_ray_with_a_token_serves_and_teardown_removes_the
             argv = shlex.split(t)
             assert "RAY_AUTH_MODE=token" in argv and f"RAY_AUTH_TOKEN_PATH={RAY_TOKEN_IN_CONTAINER}" in argv
             assert f"type=bind,source={files[n]},target={RAY_TOKEN_IN_CONTAINER},readonly" in argv
+            # Ray's dashboard (it submits jobs: runs code) on the head's loopback only
+            assert ("--dashboard-host=127.0.0.1" in argv) == (n == head)
         # made on the head, then copied head → worker over ssh (on its stdin), before any Ray container
         made = [i for i, (n, t) in enumerate(sent) if n == head and "random/uuid" in t and "ray-token" in t]
         copied = [i for i, (n, t) in enumerate(sent) if n == head and t.startswith(f"[ -s {files[head]} ] && cat ")]

@@ -109,17 +109,20 @@ async def test_plan_only_sends_no_change_shows_the_engine_check_and_still_decide
     assert sent and all(not c.mutating for _n, c in sent)
     # the check a real run makes is shown, as a change of the engine step
     engine = [c for s, _t, cmds in planned if s == "engine" for _n, c in cmds]
-    assert len(engine) == 1 and engine[0].mutating
-    assert engine[0].shell().startswith("docker run --rm --gpus all --entrypoint python3 vllm/vllm-openai:v0.17.0 -c ")
-    # said, and decided by the images' names: the 0.17 image (Qwen3.5 from vLLM 0.16 on), not the 0.14 one
+    # the GB10 build is pulled, then its own Python run: both shown as the engine step's changes
+    assert [c.argv[:2] for c in engine] == [("docker", "pull"), ("docker", "run")] and all(c.mutating for c in engine)
+    assert engine[1].shell().startswith("docker run --rm --gpus all --entrypoint python3 nvcr.io/nvidia/vllm:26.05-py3 -c ")
+    # said, and decided by the images' names: the GB10 build; of the head's, the upstream 0.17 knows the
+    # model (Qwen3.5 from vLLM 0.16 on) but has no sm_121 kernels, the 0.14 one does not know it
     said = [e.text for e in events if e.kind == "note" and e.step == "engine"]
     assert any(t.startswith("not checked: the own Python of ") and "plan-only sends no change" in t for t in said)
+    assert any(t.startswith("not recommended on GB10: vllm/vllm-openai:v0.17.0") for t in said)
     d = _decision(events, "engine.image")
-    assert d.answer == "vllm/vllm-openai:v0.17.0"
+    assert d.answer == "nvcr.io/nvidia/vllm:26.05-py3"
     assert any("v0.14.1" in m and "NOT registered" in m and "by its name" in m for m in d.measured)
     # the later steps still plan: the download in the image's own hf (a stock Spark has none on the host)
     weights = [c.shell() for s, _t, cmds in planned if s == "weights" for _n, c in cmds]
-    assert any("--entrypoint hf vllm/vllm-openai:v0.17.0 download" in w for w in weights)
+    assert any("--entrypoint hf nvcr.io/nvidia/vllm:26.05-py3 download" in w for w in weights)
 
 
 async def test_plan_only_with_an_image_without_ray_still_recommends_native_by_its_name(tmp_path):
@@ -131,7 +134,9 @@ async def test_plan_only_with_an_image_without_ray_still_recommends_native_by_it
 
 
 async def test_read_only_sends_no_change_and_the_engine_step_says_what_it_did_not_check(tmp_path):
-    outcome, sent, events, _planned = await _session(tmp_path, "story", read_only=True)
+    # the image on the head, chosen (a GB10 build would first be pulled: a change, refused read-only)
+    outcome, sent, events, _planned = await _session(tmp_path, "story", read_only=True,
+                                                     presets={"engine.image": "vllm/vllm-openai:v0.17.0"})
     assert _changes_sent(sent) == []
     steps = {e.step: e.state for e in events if e.kind == "step"}
     assert steps["recon"] == "done" and steps["engine"] == "done"
@@ -201,7 +206,7 @@ async def test_an_image_chosen_by_its_name_that_does_not_serve_the_model_is_aske
 
     from sparkconsole.sim.model import IMAGE_OLD, IMAGES
 
-    misleading = "vllm/vllm-openai:v0.16.0"
+    misleading = "example.org/vllm:v0.16.0"  # not an upstream repo: on a GB10 those are never recommended
     fake = dataclasses.replace(IMAGE_OLD, ref=misleading)
     monkeypatch.setitem(IMAGES, misleading, fake)  # what the twin's docker runs under that name
 
@@ -212,11 +217,11 @@ async def test_an_image_chosen_by_its_name_that_does_not_serve_the_model_is_aske
     outcome, sent, events, _planned = await _session(tmp_path, "old-image", before=retagged, until="engine")
     assert outcome.ok, outcome.result.message
     asked = [e for e in events if e.kind == "decision" and e.id == "engine.image" and e.answer is not None]
-    assert [e.answer for e in asked] == [misleading, "vllm/vllm-openai:v0.17.0-cu130"]
+    assert [e.answer for e in asked] == [misleading, "nvcr.io/nvidia/vllm:26.05-py3"]
     assert any(m.startswith(f"{misleading}: vLLM 0.16.0") and "by its name" in m for m in asked[0].measured)
     assert any(m.startswith(f"{misleading}: vLLM 0.14.1,") and "NOT registered" in m for m in asked[1].measured)
     back = [e.note for e in events if e.kind == "step" and e.step == "engine" and e.state == "failed"]
     assert back and back[0].startswith(f"back to engine: {misleading}: its vllm (0.14.1) does not register")
     checks = [c.argv[c.argv.index("python3") + 1] for _n, c in sent if "--entrypoint python3" in c.shell()]
-    assert checks == [misleading, "vllm/vllm-openai:v0.17.0-cu130"]  # each run once, as a change
+    assert checks == [misleading, "nvcr.io/nvidia/vllm:26.05-py3"]  # each run once, as a change
     assert all(c.mutating for _n, c in sent if "--entrypoint python3" in c.shell())

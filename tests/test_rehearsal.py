@@ -260,7 +260,8 @@ def test_the_cli_rehearses_writes_the_twin_and_its_answers_lead_the_real_run(tmp
     assert out.stdout.strip(), out.stderr
     cmp = json.loads(out.stdout)
     assert out.returncode == 0 and cmp["agrees"], out.stdout + out.stderr
-    assert cmp["same_decisions"] == 1 and "free-memory.stop" in cmp["not_reached"] and cmp["unforeseen"] == []
+    # the plan step's two decisions: the layout, and images too or text only
+    assert cmp["same_decisions"] == 2 and "free-memory.stop" in cmp["not_reached"] and cmp["unforeseen"] == []
 
 
 @pytest.mark.parametrize(("args", "words"), [

@@ -181,7 +181,7 @@ async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
                                                                 ("decision", "caches.drop"): after_free_memory})
 
         assert [a for a in asked if a[0] == "decision"] == [
-            ("decision", d) for d in ("plan.layout", "engine.image", "free-memory.stop", "caches.drop",
+            ("decision", d) for d in ("plan.layout", "plan.text-only", "engine.image", "free-memory.stop", "caches.drop",
                                       # stock nodes: what stays cached (root's to drop) re-fits the budget
                                       "caches.fit", "cluster.executor", "serve.access",
                                       # after verify: the benchmark offered (Enter: skip, the recommendation)
@@ -205,19 +205,19 @@ async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
         assert decisions["cluster.executor"].by == decisions["caches.fit"].by == "operator"
         assert all(d.answer == d.recommended for d in decisions.values() if d.by == "operator")
         assert "spark-1a32:vllm-glm" in decisions["free-memory.stop"].answer
-        assert decisions["cluster.executor"].answer == "ray"
+        assert decisions["cluster.executor"].answer == "native"  # the story's GB10 build has no Ray
         # the weights bars of the serve step went to the end
         assert wizard.run.progress[("spark-1a32", "weights")].fraction == 1.0
 
         # the panels beside: the head lost GLM's 85 GiB after free-memory, its container list changed,
-        # and the Ray container with the model's weights (memory up again) shows once it serves
+        # and the engine's container with the model's weights (memory up again) shows once it serves
         assert seen["used before"] > 100
         assert "vllm-glm" in seen["containers before"] and "vllm-glm" not in seen["containers after"]
-        await wait_for(pilot, app, lambda: "sparkconsole-ray" in containers_line(head)
+        await wait_for(pilot, app, lambda: "sparkconsole-vllm" in containers_line(head)
                        and used_gib(head) > seen["used after"] + 40, "the head's panel to show the engine")
         saved = StateStore().load(wizard.state.id)
         assert saved.result == "served"
-        assert saved.answers["cluster.executor"] == "ray"
+        assert saved.answers["cluster.executor"] == "native"
         await stop_polling(pilot, app)
 
 
@@ -228,24 +228,24 @@ async def test_an_answer_other_than_the_recommendation_is_the_operators(tmp_path
         await pilot.press("w")
         await wait_for(pilot, app, lambda: isinstance(app.screen, WizardScreen), "the wizard")
         wizard: WizardScreen = app.screen
-        wizard.until = "cluster"
+        wizard.until = "plan"
 
         async def check_the_highlight() -> None:
             modal = app.screen
-            assert modal.options[0].value == "ray" == modal.decision.recommended
+            assert modal.options[0].value == "vision" == modal.decision.recommended
             await pilot.press("2")  # a number highlights, it does not answer on its own
-            assert app.screen is modal and modal.options[modal.index].value == "native"
+            assert app.screen is modal and modal.options[modal.index].value == "text"
 
         await pilot.press("enter")
-        asked = await answer_everything(pilot, app, wizard, keys={"cluster.executor": "2"},
-                                        at={("decision", "cluster.executor"): check_the_highlight})
-        assert ("decision", "cluster.executor") in asked
-        executor = [d for d in wizard.run.view("cluster").decisions if d.id == "cluster.executor"]
-        assert [(d.answer, d.recommended, d.by) for d in executor] == [("native", "ray", "operator")]
-        body = renderable_text(step_body_text(wizard.run, "cluster"), 160)
-        assert "native (operator; recommended ray)" in body
-        assert wizard.run.view("cluster").state == "done" and wizard.run.view("serve").state == "pending"
-        assert StateStore().load(wizard.state.id).answers["cluster.executor"] == "native"
+        asked = await answer_everything(pilot, app, wizard, keys={"plan.text-only": "2"},
+                                        at={("decision", "plan.text-only"): check_the_highlight})
+        assert ("decision", "plan.text-only") in asked
+        text_only = [d for d in wizard.run.view("plan").decisions if d.id == "plan.text-only"]
+        assert [(d.answer, d.recommended, d.by) for d in text_only] == [("text", "vision", "operator")]
+        body = renderable_text(step_body_text(wizard.run, "plan"), 160)
+        assert "text (operator; recommended vision)" in body
+        assert wizard.run.view("plan").state == "done" and wizard.run.view("engine").state == "pending"
+        assert StateStore().load(wizard.state.id).answers["plan.text-only"] == "text"
         await stop_polling(pilot, app)
 
 
