@@ -792,6 +792,11 @@ def api_key_path(home: str) -> str:
 
 
 def make_api_key(path: str) -> RemoteScript:
+    """An API key for the endpoint, kept on the node (:func:`_make_secret`)."""
+    return _make_secret(path, f"keep an API key for the endpoint in {path} (made once, on the node, mode 600)")
+
+
+def _make_secret(path: str, summary: str) -> RemoteScript:
     """``umask 077 && mkdir -p DIR && { [ -s FILE ] || printf '%s%s\\n' "$(cat UUID)" "$(cat UUID)" >
     FILE; }``: a key made on the node from the kernel's random UUIDs, readable by the login user only,
     and an existing one kept (a resume, a second deployment: clients keep the key they have). The
@@ -801,7 +806,7 @@ def make_api_key(path: str) -> RemoteScript:
     text = (f"umask 077 && mkdir -p {d} && {{ [ -s {f} ] || "
             f"printf '%s%s\\n' \"$(cat {_KERNEL_UUID})\" \"$(cat {_KERNEL_UUID})\" > {f}; }}")
     return RemoteScript((), mutating=True, text=text,
-                        summary=f"keep an API key for the endpoint in {p} (made once, on the node, mode 600)")
+                        summary=summary)
 
 
 def with_key_from_file(cmd: RemoteCommand, path: str, name: str = API_KEY_ENV) -> RemoteScript:
@@ -1099,16 +1104,9 @@ def ray_token_mount(path: str) -> list[str]:
 
 
 def make_ray_token(path: str) -> RemoteScript:
-    """:func:`make_api_key`'s form for Ray's token: made on the head from the kernel's random UUIDs by
-    the head's own shell, mode 600 in a mode-700 folder, an existing one kept (a resume restarts no
-    container: the running ones keep the token they read). Nothing of it is in this text, nothing
-    comes back."""
-    p = validate_path(path)
-    f, d = shlex.quote(p), shlex.quote(p.rsplit("/", 1)[0] or "/")
-    text = (f"umask 077 && mkdir -p {d} && {{ [ -s {f} ] || "
-            f"printf '%s%s\\n' \"$(cat {_KERNEL_UUID})\" \"$(cat {_KERNEL_UUID})\" > {f}; }}")
-    return RemoteScript((), mutating=True, text=text,
-                        summary=f"keep a token for Ray's authentication in {p} (made once, on the node, mode 600)")
+    """:func:`make_api_key`'s form for Ray's token (an existing one kept: a resume restarts no
+    container, and the running ones keep the token they read)."""
+    return _make_secret(path, f"keep a token for Ray's authentication in {path} (made once, on the node, mode 600)")
 
 
 def copy_ray_token(path: str, user_host: str, dest: str, *, port: int | None = None) -> RemoteScript:
