@@ -187,7 +187,8 @@ async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
                                       # after verify: the benchmark offered (Enter: skip, the recommendation)
                                       "benchmark.run")]
         confirmed = [s for kind, s in asked if kind == "confirm"]
-        for step in ("weights", "images", "free-memory", "caches", "cluster", "serve"):
+        # (no cluster step's changes: vLLM's native start forms no Ray cluster)
+        for step in ("engine", "weights", "images", "free-memory", "caches", "serve"):
             assert step in confirmed, (step, asked)
         assert asked.index(("decision", "free-memory.stop")) < asked.index(("confirm", "free-memory"))
 
@@ -271,6 +272,9 @@ async def test_decisions_answered_by_keyboard_through_plan_and_engine(tmp_path):
         await pilot.press("1")  # back to the first (recommended) one
         assert modal.index == 0
         await pilot.press("enter")
+        await until(pilot, app, asking(app, "plan.text-only"))
+        assert app.screen.options[0].value == app.screen.decision.recommended == "vision"
+        await pilot.press("enter")
 
         await until(pilot, app, asking(app, "engine.image"))
         modal = app.screen
@@ -285,7 +289,8 @@ async def test_decisions_answered_by_keyboard_through_plan_and_engine(tmp_path):
         await until(pilot, app, lambda: not wizard.running and wizard.run.result is not None)
         plan = wizard.run.view("plan")
         assert plan.state == "done"
-        assert [(d.id, d.answer, d.by) for d in plan.decisions] == [("plan.layout", "tp2", "operator")]
+        assert [(d.id, d.answer, d.by) for d in plan.decisions] == [("plan.layout", "tp2", "operator"),
+                                                                    ("plan.text-only", "vision", "operator")]
         engine = wizard.run.view("engine")
         assert [(d.id, d.by) for d in engine.decisions] == [("engine.image", "operator")]
         assert engine.state in ("done", "failed")  # failed while the sim's `docker run` is being rewritten
@@ -316,6 +321,8 @@ async def test_esc_at_a_decision_stops_there_and_enter_asks_again(tmp_path):
         await pilot.press("r")  # resume: the same deployment, the decision asked again
         await until(pilot, app, asking(app, "plan.layout"))
         await pilot.press("enter")
+        await until(pilot, app, asking(app, "plan.text-only"))
+        await pilot.press("enter")
         await until(pilot, app, lambda: not wizard.running and wizard.run.result is not None)
         assert wizard.run.result.ok and wizard.state.id == first_id
         assert wizard.run.view("plan").state == "done"
@@ -334,6 +341,8 @@ async def test_the_run_goes_on_in_the_background_and_asks_when_the_wizard_is_bac
         assert any("waits for you" in n.message for n in app._notifications)
         await pilot.press("w")
         await until(pilot, app, asking(app, "plan.layout"))
+        await pilot.press("enter")
+        await until(pilot, app, asking(app, "plan.text-only"))
         await pilot.press("enter")
         await until(pilot, app, lambda: not wizard.running)
         assert wizard.run.result is not None and wizard.run.result.ok
@@ -369,7 +378,7 @@ async def test_read_only_plans_and_sends_nothing(tmp_path):
         await pilot.press("enter")
         await until(pilot, app, lambda: not wizard.running and wizard.run.result is not None)
         assert wizard.run.view("plan").state == "done" and wizard.run.view("plan").note == "planned"
-        assert [d.by for d in wizard.run.view("plan").decisions] == ["auto"]
+        assert [d.by for d in wizard.run.view("plan").decisions] == ["auto", "auto"]  # the layout, text-only
         assert read_journal(tmp_path / "journal.jsonl") == []
         assert not (tmp_path / "state" / "deployments").exists()  # plan-only: no state written
 
