@@ -54,12 +54,13 @@ async def test_the_wizard_offers_a_benchmark_after_verify_runs_it_when_asked_and
         gen = [r["generation_tokens_per_s"] for r in saved["rows"]]
         assert gen[0] < gen[1] < gen[2]
         assert saved["deployment"] == run.flow.runner.state.id and key not in files[0].read_text()
-        # the served engine runs `docker exec`ed in the Ray head's container: docker top ties it to that
-        # container and its image, so the serving poll and `sparkconsole bench` find it where it runs
+        # the served engine is the head's vLLM container (the native start's rank 0): the serving poll and
+        # `sparkconsole bench` find it there, with its image (an engine `docker exec`ed in a Ray container
+        # is found through docker top: tests/test_serving_discover.py)
         found = await run.transports[head].run(engine_cmdlines(), timeout=30)
         qwen = [e for e in discover(found.stdout, node=head) if e.port == 8000]
-        assert len(qwen) == 1 and qwen[0].where.startswith("sparkconsole-ray-"), found.stdout
-        assert qwen[0].image == "vllm/vllm-openai:v0.17.0" and qwen[0].model == "qwen3.5-122b-a10b-fp8"
+        assert len(qwen) == 1 and qwen[0].where.startswith("sparkconsole-vllm-"), found.stdout
+        assert qwen[0].image == "nvcr.io/nvidia/vllm:26.05-py3" and qwen[0].model == "qwen3.5-122b-a10b-fp8"
 
 
 async def test_auto_skips_the_benchmark_and_sends_nothing_for_it(tmp_path, monkeypatch):
