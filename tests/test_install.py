@@ -59,8 +59,9 @@ def _uv() -> str:
 def fresh_env(tmp_path_factory) -> Path:
     """A new environment holding exactly the locked set of the console (no test extras)."""
     venv = tmp_path_factory.mktemp("fresh") / "venv"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in os.environ.items() if k not in ("UV_PROJECT_ENVIRONMENT", "VIRTUAL_ENV")}
     env["UV_PROJECT_ENVIRONMENT"] = str(venv)
+    env.setdefault("UV_SYSTEM_CERTS", "1")  # as scripts/_setup sets it: the system's certificate store
     done = subprocess.run([_uv(), "sync", "--locked", "--quiet"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
