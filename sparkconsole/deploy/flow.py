@@ -14,6 +14,7 @@ Qwen/Qwen3.5-122B-A10B-FP8).
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,20 +100,23 @@ class Options:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
-def default_flags(model: str, engine: str) -> tuple[list[str], str | None]:
+@functools.lru_cache(maxsize=16)
+def default_flags(model: str, engine: str) -> tuple[tuple[str, ...], str | None]:
     """The engine flags the field runs a model with, when the operator named no recipe: the first
     bundled recipe for this model and engine (tool calling and prefix caching for Qwen3.5: every
     field recipe for it has them; without, an agent's tool calls come back as text and every turn
-    is prefilled again). Its numbers are not taken, only its flags; ``([], None)`` when none."""
+    is prefilled again). Its numbers are not taken, only its flags; ``((), None)`` when none. Kept
+    once per model and engine: the bundled files do not change while the console runs, and the serve
+    step asks for its launches several times."""
     from sparkconsole.recipes import RecipeError, bundled_recipes
 
     try:
         found = next((r for r in bundled_recipes() if r.model == model and r.engine == engine), None)
     except RecipeError:
-        return [], None
+        return (), None
     if found is None:
-        return [], None
-    return Options.from_recipe(found).extra_args or [], found.name
+        return (), None
+    return tuple(Options.from_recipe(found).extra_args or ()), found.name
 
 
 def model_dir_name(model: str) -> str:
@@ -248,7 +252,7 @@ class Flow:
         model and engine (:func:`default_flags`)."""
         if self.options.extra_args is not None:
             return list(self.options.extra_args)
-        return default_flags(self.options.model, self.engine)[0]
+        return list(default_flags(self.options.model, self.engine)[0])
 
     @property
     def engine_kind(self) -> EngineKind:
