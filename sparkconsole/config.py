@@ -38,10 +38,17 @@ from platformdirs import user_config_path, user_state_path
 
 from sparkconsole.errors import ConfigError
 from sparkconsole.remote import is_ipv6, validate_host, validate_ifname, validate_unit
+from sparkconsole.schema import MAX_NODES, NODE_NAME, PRINTABLE, clean_node_name, read_capped, unknown_key
 
 APP_NAME = "sparkconsole"
 ENV_CONFIG = "SPARKCONSOLE_CONFIG"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+MAX_CONFIG_BYTES = 1 << 20  # an inventory of 64 nodes is a few kB
+
+# Every key the inventory knows, per table. Anything else is refused with the closest known key: a
+# typo (``read_ony = true``) must not quietly leave a safety setting off.
+TOP_KEYS = ("cluster", "nodes", "keymap")
+CLUSTER_KEYS = ("name", "read_only", "services", "time_scale")
+NODE_KEYS = ("name", "host", "user", "port", "role", "jump", "fast_link", "known_hosts", "identity", "ssh_config")
 
 Role = Literal["head", "worker"]
 
@@ -109,8 +116,9 @@ def config_search(explicit: str | os.PathLike[str] | None = None) -> Path | None
     return path if path.is_file() else None
 
 
-def _where(path: str, text: str, key: str, index: int | None = None) -> str:
-    """``file:line`` of ``key`` (inside the ``index``-th ``[[nodes]]`` table when given).
+def _where(path: str, text: str, key: str, index: int | None = None, table: str | None = None) -> str:
+    """``file:line`` of ``key`` (inside the ``index``-th ``[[nodes]]`` table when given, or inside
+    the ``[table]`` table, else at the top before any table).
 
     tomllib keeps no positions, so the line is found again in the text: the first line that
     assigns ``key`` in the right table, else the table's header line.
@@ -128,6 +136,18 @@ def _where(path: str, text: str, key: str, index: int | None = None) -> str:
                 elif seen == index + 1:
                     end = i
                     break
+    elif table is not None:
+        inside = False
+        for i, line in enumerate(lines):
+            head = line.strip()
+            if head.startswith("["):
+                if inside:
+                    end = i
+                    break
+                if head.split("#")[0].strip() == f"[{table}]":
+                    inside, start, header_line = True, i + 1, i + 1
+    elif not key.startswith("["):  # a top-level key: before the first table header
+        end = next((i for i, line in enumerate(lines) if line.strip().startswith("[")), len(lines))
     pattern = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
     for i in range(start, end):
         if pattern.match(lines[i]) or lines[i].strip() == key:
@@ -178,28 +198,43 @@ def _opt_str(raw: Mapping[str, Any], key: str, where: str) -> str | None:
 
 def parse_config(text: str, source: str = "<config>") -> ClusterConfig:
     """Parse and check a config file's text; every error names file, line and key."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: is larger than {MAX_CONFIG_BYTES >> 20} MiB; an inventory is a few kB")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError(f"{source}: not valid TOML: nested too deeply") from None
+    for key, value in data.items():
+        if key not in TOP_KEYS:
+            where = _where(source, text, f"[{key}]" if isinstance(value, dict) else key)
+            if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                where = _where(source, text, f"[[{key}]]")
+            raise unknown_key(key, TOP_KEYS, where, "the file (it holds [cluster], [[nodes]] and [keymap])",
+                              ConfigError)
     cluster = data.get("cluster", {})
     if not isinstance(cluster, dict):
         raise ConfigError(f"{_where(source, text, '[cluster]')}: [cluster] must be a table")
+    for key in cluster:
+        if key not in CLUSTER_KEYS:
+            raise unknown_key(key, CLUSTER_KEYS, _where(source, text, key, table="cluster"), "[cluster]", ConfigError)
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise ConfigError(f"{source}: key 'nodes' missing: add at least one [[nodes]] table")
+    if len(raw_nodes) > MAX_NODES:
+        raise ConfigError(f"{source}: {len(raw_nodes)} [[nodes]] tables; the console watches at most {MAX_NODES} nodes")
     nodes: list[NodeConfig] = []
     seen: set[str] = set()
     for i, raw in enumerate(raw_nodes):
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: nodes[{i}] must be a table")
-        known = {"name", "host", "user", "port", "role", "jump", "fast_link", "known_hosts", "identity", "ssh_config"}
         for key in raw:
-            if key not in known:
-                raise ConfigError(f"{_where(source, text, key, i)}: unknown key {key!r} in [[nodes]]")
+            if key not in NODE_KEYS:
+                raise unknown_key(key, NODE_KEYS, _where(source, text, key, i), "[[nodes]]", ConfigError)
         name = raw.get("name") or raw.get("host")
         where = _where(source, text, "name", i)
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not NODE_NAME.fullmatch(name):
             if "name" not in raw and isinstance(name, str) and (is_ipv6(name) or name.startswith("[")):
                 raise ConfigError(f"{where}: key 'name' missing: an IPv6 host needs a name for the node")
             raise ConfigError(f"{where}: key 'name' must be a short name (letters, digits, '-', '_', '.')")
@@ -251,25 +286,28 @@ def parse_config(text: str, source: str = "<config>") -> ClusterConfig:
             )
         )
     services = cluster.get("services", [])
-    if not isinstance(services, list) or not all(isinstance(s, str) for s in services):
-        raise ConfigError(f"{_where(source, text, 'services')}: key 'services' must be a list of unit names")
+    where = _where(source, text, "services", table="cluster")
+    if not isinstance(services, list) or not all(isinstance(s, str) for s in services) or len(services) > 64:
+        raise ConfigError(f"{where}: key 'services' must be a list of at most 64 unit names")
     for s in services:
         try:
             validate_unit(s)
         except Exception as exc:
-            raise ConfigError(f"{_where(source, text, 'services')}: key 'services': {exc}") from None
+            raise ConfigError(f"{where}: key 'services': {exc}") from None
     read_only = cluster.get("read_only", False)
     if not isinstance(read_only, bool):
-        raise ConfigError(f"{_where(source, text, 'read_only')}: key 'read_only' must be true or false")
+        raise ConfigError(f"{_where(source, text, 'read_only', table='cluster')}: key 'read_only' must be true or false")
     keymap = data.get("keymap", {})
     if not isinstance(keymap, dict) or not all(isinstance(v, str) for v in keymap.values()):
         raise ConfigError(f"{_where(source, text, '[keymap]')}: [keymap] must map binding ids to key strings")
     name = cluster.get("name", "cluster")
-    if not isinstance(name, str):
-        raise ConfigError(f"{_where(source, text, 'name')}: key 'name' must be a string")
+    if not isinstance(name, str) or len(name) > 64 or not PRINTABLE.fullmatch(name):
+        raise ConfigError(f"{_where(source, text, 'name', table='cluster')}: key 'name' must be a string of at most "
+                          "64 printable characters")
     scale = cluster.get("time_scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale <= 1000:
-        raise ConfigError(f"{_where(source, text, 'time_scale')}: key 'time_scale' must be a number in (0, 1000]")
+        raise ConfigError(f"{_where(source, text, 'time_scale', table='cluster')}: key 'time_scale' must be a number "
+                          "in (0, 1000]")
     return ClusterConfig(
         nodes=tuple(nodes),
         name=name,
@@ -283,11 +321,7 @@ def parse_config(text: str, source: str = "<config>") -> ClusterConfig:
 
 def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
     p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read config file: {exc.__class__.__name__}") from None
-    return parse_config(text, str(p))
+    return parse_config(read_capped(p, MAX_CONFIG_BYTES, "config file", ConfigError), str(p))
 
 
 def adhoc_cluster(hosts: list[str], read_only: bool = False) -> ClusterConfig:
@@ -309,6 +343,8 @@ def adhoc_cluster(hosts: list[str], read_only: bool = False) -> ClusterConfig:
 def local_cluster(read_only: bool = False) -> ClusterConfig:
     import socket
 
-    name = socket.gethostname() or "localhost"
+    # the hostname is this machine's, not the user's to fix here: shown cleaned (an escape sequence in
+    # it would otherwise reach the terminal, a '[' would be read as markup)
+    name = clean_node_name(socket.gethostname() or "localhost")
     return ClusterConfig(nodes=(NodeConfig(name=name, host="localhost", role="head"),), name="local",
                          read_only=read_only, local=True)

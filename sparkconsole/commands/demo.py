@@ -27,8 +27,7 @@ import signal
 import sys
 
 from sparkconsole.errors import UserError
-
-MAX_NODES = 64
+from sparkconsole.schema import MAX_NODES  # the inventory's cap, the twin file's too
 
 
 def add_parser(subs: argparse._SubParsersAction) -> None:

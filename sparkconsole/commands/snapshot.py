@@ -31,18 +31,20 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
 
 
 def _line(state: NodeState) -> str:
-    """One node on one line. The reason and the GPU's name are the node's words: cleaned of
-    escape sequences (they would reach the operator's terminal) and kept on the line."""
+    """One node on one line. The reason and the GPU's name are the node's words, and the node's
+    name may be this machine's hostname (``--local``): all cleaned of escape sequences (they would
+    reach the operator's terminal) and kept on the line."""
     s = state.sample
+    name = display_lines(state.name, " ")
     if s is None:
-        return f"{state.name:<16} {state.status.value:<10} {display_lines(state.reason, ' ')}"
+        return f"{name:<16} {state.status.value:<10} {display_lines(state.reason, ' ')}"
     mem = s.memory
     gib = 2**30
     used = f"{mem.used_bytes / gib:.1f}" if mem.used_bytes is not None else "—"
     total = f"{mem.total_bytes / gib:.1f}" if mem.total_bytes is not None else "—"
     gpu = display_lines(s.gpus[0].name, " ") if s.gpus and s.gpus[0].name else "no GPU read"
     up = sum(1 for link in s.links if link.state == "up")
-    return (f"{state.name:<16} {state.status.value:<10} {gpu:<14} memory {used}/{total} GiB  "
+    return (f"{name:<16} {state.status.value:<10} {gpu:<14} memory {used}/{total} GiB  "
             f"links up {up}/{len(s.links)}  containers {sum(c.state == 'running' for c in s.containers)}")
 
 
@@ -65,5 +67,5 @@ def run(args: argparse.Namespace) -> int:
         for state in states:
             print(_line(state))
         for a in alerts:
-            print(f"{a.severity}: {a.node}: {display_lines(a.text, ' ')}")
+            print(f"{a.severity}: {display_lines(a.node, ' ')}: {display_lines(a.text, ' ')}")
     return 0 if all(s.status is NodeStatus.UP for s in states) else 3

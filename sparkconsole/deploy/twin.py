@@ -24,6 +24,23 @@ from typing import Any
 from sparkconsole.deploy.recon import NodeFacts
 from sparkconsole.durable import replace_file
 from sparkconsole.errors import UserError
+from sparkconsole.schema import (
+    BYTES_MAX,
+    MAX_NODES,
+    PRINTABLE,
+    Bool,
+    Checker,
+    Int,
+    Json,
+    ListOf,
+    MapOf,
+    NodeId,
+    Num,
+    Record,
+    Str,
+    load_json,
+    read_capped,
+)
 
 TWIN_FORMAT = "sparkconsole-twin"
 TWIN_VERSION = 1
@@ -38,6 +55,65 @@ class TwinError(UserError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, exit_code=2)
+
+
+# What a twin file may hold. It is read as a stranger's file (it travels with bug reports and can be
+# edited by hand): each value is checked here before the simulator computes with it or starts a
+# server for it, so a bad one is one line (exit 2), not a TypeError, an OverflowError or 300 SSH
+# listeners. The limits are far beyond any Spark cluster's reading.
+MAX_TWIN_BYTES = 16 << 20
+MAX_TWIN_DEPTH = 32
+_TEXT = Str(max_len=4096)
+_OPT = Str(nullable=True, max_len=4096)
+_BYTES = Int(0, BYTES_MAX, nullable=True)
+_ID = Int(0, (1 << 32) - 1, nullable=True)
+_PORT = Int(0, 65535, nullable=True)
+_MANY = 4096
+_REPO_PATH = r"(?!/)(?!(?:.*/)?\.\.(?:/|$))[^\x00-\x1f\x7f-\x9f]+"
+
+NODE_FACTS_SPEC = Record({
+    "node": NodeId, "reachable": Bool(), "reason": _TEXT, "gpu": _OPT, "driver": _OPT, "cuda": _OPT,
+    "mem_total": _BYTES, "mem_available": _BYTES, "page_cache": _BYTES,
+    "user": Str(nullable=True, max_len=64, pattern=r"[^\s/:\x00-\x1f\x7f-\x9f]+",
+                says="a user name (no space, '/', ':' or control character)"),
+    "uid": _ID, "gid": _ID, "groups": ListOf(Str(max_len=256), max_items=256),
+    "sudo": Str(nullable=True, choices=("all", "drop-caches", "none")),
+    "tools": MapOf(Bool(required=True), max_items=64, key=Str(max_len=64)),
+    "home": _OPT, "hf_home": _OPT, "disk_free": _BYTES, "disk_mount": _OPT, "docker": _OPT,
+    "storage_driver": _OPT, "image_store": _OPT,
+    "images": ListOf(Record({"ref": Str(required=True, max_len=1024), "id": Str(required=True, max_len=256),
+                             "digest": _OPT, "size": Str(nullable=True, max_len=64)}), max_items=_MANY),
+    "containers": ListOf(Record({"name": _OPT, "image": _OPT, "state": _OPT, "status": _OPT, "mem": _BYTES,
+                                 "cpu": Num(0, 1e6, nullable=True)}), max_items=_MANY),
+    "holders": ListOf(Record({"kind": Str(required=True, choices=("container", "process", "unit")),
+                              "name": Str(required=True, max_len=4096), "bytes": Int(0, BYTES_MAX, required=True),
+                              "detail": _TEXT, "running": Bool()}), max_items=_MANY),
+    "links": ListOf(Record({"rdma": Str(required=True, max_len=256), "netdev": Str(required=True, nullable=True,
+                                                                                   max_len=64),
+                            "up": Bool(required=True), "port": Int(0, 65535, required=True, nullable=True),
+                            "ipv4": ListOf(Str(max_len=64), max_items=64), "mtu": Int(0, 1 << 20, nullable=True),
+                            "gid_v2_index": Int(0, 65535, nullable=True), "admin_down": Bool()}), max_items=64),
+    "hub": Bool(), "hub_detail": _TEXT, "token": Bool(),
+    "listeners": ListOf(Record({"port": Int(0, 65535, required=True), "address": Str(required=True, max_len=256),
+                                "process": _OPT, "pid": _ID, "container": _OPT}), max_items=_MANY),
+    "read_at": Num(0, 1e12),
+})
+
+TWIN_SPEC = Record({
+    "format": Str(required=True), "version": Int(0, 1 << 31, required=True),
+    "cluster": Str(required=True, max_len=128, pattern=PRINTABLE, says="a name of at most 128 printable characters"),
+    "model": Str(required=True, max_len=256, pattern=r"[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9._-]+)?",
+                 says="a model id (owner/name)"),
+    "read_at": Num(0, 1e12, required=True),
+    "nodes": ListOf(NODE_FACTS_SPEC, min_items=1, max_items=MAX_NODES, required=True),
+    "weights": MapOf(Bool(required=True), max_items=MAX_NODES, key=NodeId),
+    "hub_files": ListOf(Record({"path": Str(required=True, max_len=1024, pattern=_REPO_PATH,
+                                            says="a file's path in the repository (no '..', not absolute)"), "size": Int(0, BYTES_MAX, required=True),
+                                "sha256": Str(nullable=True, max_len=128)}), max_items=100_000),
+    "measured": MapOf(Num(0, 1e15, nullable=True), max_items=64, key=Str(max_len=64, pattern=r"[a-z0-9_]+")),
+    "not_checked": ListOf(Str(max_len=4096), max_items=1024),
+    "model_config": MapOf(Json(), max_items=4096),
+})
 
 
 @dataclass
@@ -87,6 +163,9 @@ class Twin:
         if data.get("version") != TWIN_VERSION:
             raise TwinError(f"{source}: twin format version {data.get('version')!r}; this sparkconsole reads "
                             f"version {TWIN_VERSION}")
+        if not data.get("nodes") and isinstance(data.get("nodes"), list):
+            raise TwinError(f"{source}: the twin has no node")
+        Checker(source, TwinError).check(data, TWIN_SPEC)
         try:
             nodes = [NodeFacts.from_json(n) for n in data["nodes"]]
             twin = cls(cluster=str(data["cluster"]), model=str(data["model"]), read_at=float(data["read_at"]),
@@ -140,15 +219,9 @@ def write_json_file(out: Path, text: str, what: str) -> Path:
 
 
 def load(path: str | Path) -> Twin:
+    """The twin file at ``path``, checked whole (:data:`TWIN_SPEC`) before anything is built from it:
+    its size before it is read, its nesting before it is parsed; else one line, exit 2."""
     p = Path(path).expanduser()
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise TwinError(f"{p}: no such twin file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TwinError(f"{p}: cannot read it ({exc.__class__.__name__})") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise TwinError(f"{p}: not JSON ({exc})") from None
+    text = read_capped(p, MAX_TWIN_BYTES, "twin file", TwinError)
+    data = load_json(text, str(p), max_depth=MAX_TWIN_DEPTH, error=TwinError)
     return Twin.from_json(data, source=str(p))

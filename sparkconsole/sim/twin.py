@@ -17,6 +17,7 @@ guesses before it runs the image's own check.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from sparkconsole.deploy.engines import version_from_ref, version_tuple
@@ -148,6 +149,9 @@ def _model(twin: Twin) -> list[str]:
         return []
     config = twin.model_config
     archs = config.get("architectures") if isinstance(config, dict) else None
+    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+        raise TwinError(f"the twin's model_config.architectures must be a list of names, as in {twin.model}'s "
+                        "config.json")
     if not twin.hub_files or not archs:
         raise TwinError(f"the twin knows {twin.model} only from its files and config on the Hub, and the rehearsal "
                         "read neither (no node reached the Hub?)")
@@ -158,24 +162,36 @@ def _model(twin: Twin) -> list[str]:
                 f"{twin.model}: whether the engine images register {archs[0]} is not read (the engine check is a "
                 "change); the twin says every vLLM image does"]
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    layers = int(text.get("num_hidden_layers") or 0)
-    heads = int(text.get("num_attention_heads") or 0)
-    kv_heads = int(text.get("num_key_value_heads") or heads or 0)
-    head_dim = int(text.get("head_dim") or (int(text.get("hidden_size") or 0) // heads if heads else 0))
+    layers = _config_int(twin, text, "num_hidden_layers")
+    heads = _config_int(twin, text, "num_attention_heads")
+    kv_heads = _config_int(twin, text, "num_key_value_heads") or heads
+    head_dim = _config_int(twin, text, "head_dim") or (_config_int(twin, text, "hidden_size") // heads if heads else 0)
     per_token = 2 * layers * kv_heads * head_dim * 2  # K and V, every layer, bf16
     if per_token <= 0:
         invented.append(f"{twin.model}: its KV cache per token (the config does not say its geometry)")
     MODELS[twin.model] = ModelSpec(
         twin.model, str(archs[0]), sum(f.size for f in twin.hub_files), len(twin.hub_files), max(1, len(shards)),
         weights / GIB, 2.0, GIB / per_token if per_token > 0 else 10_000.0,
-        int(text.get("max_position_embeddings") or config.get("max_position_embeddings") or 4096),
-        layers=layers)
+        _config_int(twin, text, "max_position_embeddings") or _config_int(twin, config, "max_position_embeddings")
+        or 4096, layers=layers)
     set_repo_files(twin.model, [RepoFile(f.path, f.size, f.sha256 or stable_hex(64, twin.model, f.path, "sha"),
                                          stable_hex(40, twin.model, f.path, "git"), f.sha256 is not None)
                                 for f in twin.hub_files])
     HUB_CONFIGS[twin.model] = dict(config)
     TWIN_ARCHS.add(str(archs[0]))
     return invented
+
+
+def _config_int(twin: Twin, config: dict, key: str) -> int:
+    """A whole number the model's config.json gives (0 when it gives none): the file passed the twin's
+    schema as any JSON, so a number here may still be text or absurd; that is one line, not a crash."""
+    value = config.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 24:
+        raise TwinError(f"the twin's model_config: key {key!r} must be a whole number from 0 to {1 << 24}, "
+                        f"as in {twin.model}'s config.json")
+    return value
 
 
 def _links(c: TwinCluster, index: int, f: NodeFacts) -> None:
@@ -256,9 +272,7 @@ def _image(c: TwinCluster, node: str, ref: str, chosen: str | None = None, size:
 def docker_size(text: str | None) -> int:
     """``docker images``' SIZE (``259MB``, ``21.4GB``, ``512kB``; decimal units, as docker prints
     them) in bytes; 20 GB (a vLLM image's order) when it says nothing readable."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([kKMGT]?B)\s*", text or "")
+    m = re.fullmatch(r"\s*([0-9]{1,12}(?:\.[0-9]{1,6})?)\s*([kKMGT]?B)\s*", text or "")
     if not m:
         return int(20 * GB)
     return int(float(m.group(1)) * {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}[m.group(2)])
@@ -292,7 +306,7 @@ def _holders(c: TwinCluster, f: NodeFacts) -> None:
         owner = h.detail.removeprefix("container ") if h.detail.startswith("container ") else None
         if owner is not None and owner not in running:
             owner = None
-        pid = int(h.detail[4:]) if h.detail.startswith("pid ") and h.detail[4:].isdigit() else \
+        pid = int(h.detail[4:]) if re.fullmatch(r"pid [0-9]{1,9}", h.detail) else \
             stable_int(2000, 400_000, f.node, "twin-pid", k)
         c.holders.append(Holder(node=f.node, pid=pid, name=h.name, curve=Curve([(t0, float(h.bytes))]),
                                 container=owner))
@@ -311,9 +325,7 @@ _UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800,
 def up_seconds(status: str) -> float | None:
     """How long docker's status says a container has been up: ``Up 25 hours``, ``Up About an hour``,
     ``Up 3 minutes (healthy)``, ``Up Less than a second``; None for anything else."""
-    import re
-
-    m = re.match(r"Up (?:(About an?|Less than an?|\d+) )?(second|minute|hour|day|week|month)s?", status)
+    m = re.match(r"Up (?:(About an?|Less than an?|[0-9]{1,9}) )?(second|minute|hour|day|week|month)s?", status)
     if not m:
         return None
     count = 1 if m.group(1) is None or not m.group(1)[0].isdigit() else int(m.group(1))

@@ -96,7 +96,7 @@ class NodeDetailScreen(LiveScreen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.title = f"sparkconsole — {self.node}"
+        self.title = f"sparkconsole — {node_str(self.node)}"  # the header shows it as is: cleaned here
         self.query_one("#links-table", DataTable).add_columns("RDMA device", "port", "netdev", "state", "rate",
                                                               "IPv4", "MTU", "carrier")
         self.query_one("#containers-table", DataTable).add_columns("name", "kind", "image", "state", "status",

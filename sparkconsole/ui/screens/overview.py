@@ -21,7 +21,7 @@ from textual.widgets import Footer, Header, Input, Static
 from sparkconsole.probe.alerts import Alert
 from sparkconsole.ui.keymap import OVERVIEW_BINDINGS
 from sparkconsole.ui.messages import OpenNode
-from sparkconsole.ui.render import thin_scrollbars
+from sparkconsole.ui.render import node_str, thin_scrollbars
 from sparkconsole.ui.screens.live import LiveScreen
 from sparkconsole.ui.widgets.node_card import MIN_CARD_WIDTH, NodeCard
 from sparkconsole.ui.widgets.node_table import SORTS, NodeTable, node_row
@@ -42,7 +42,7 @@ def events_text(events) -> Text:
     for when, severity, line in recent:
         stamp = time.strftime("%H:%M:%S", time.localtime(when))
         text.append(f"\n{stamp} ", style="dim")
-        text.append(line, style=EVENT_STYLE.get(severity, ""))
+        text.append(node_str(line), style=EVENT_STYLE.get(severity, ""))
     return text
 
 
@@ -165,7 +165,7 @@ class OverviewScreen(LiveScreen):
         cluster = [a for a in alerts if a.node == "cluster"]
         text = Text()
         for alert in cluster:
-            text.append(f"⚠ {alert.text}\n", style="dark_orange")
+            text.append(f"⚠ {node_str(alert.text)}\n", style="dark_orange")
         self._update_if_changed("#cluster-alerts", text)
         self.query_one("#cluster-alerts", Static).display = bool(cluster)
         self._update_if_changed("#events", events_text(app.events))

@@ -462,7 +462,7 @@ class WizardScreen(LiveScreen):
             text.append(self.state.id, style="bold")
             text.append(" · ")
         text.append(self.options.model, style="bold")
-        nodes = [n.name for n in app.config.nodes]
+        nodes = [display_text(n.name) for n in app.config.nodes]  # node words: cleaned
         text.append(f" on {', '.join(nodes)}", style="dim")
         text.append("   ")
         if self.auto:

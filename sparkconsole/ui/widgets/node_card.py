@@ -44,11 +44,18 @@ def age_text(state: NodeState, now: float) -> str:
     return f"{age / 60:.0f} min ago"
 
 
+def node_title(index: int, node: str) -> Text:
+    """``[1] spark-1a32`` for a border title, as Text: a ``str`` border title is Textual markup (a node
+    named ``spark[/bold]x`` ended the console with MarkupError), and the name goes through
+    :func:`node_str` as every node word does (a hostname with an OSC set the terminal's title)."""
+    return Text.assemble(f"[{index}] ", node_text(node))
+
+
 def status_line(state: NodeState, role: str, now: float) -> Text:
     style = STATUS_STYLE[state.status]
     text = Text()
     text.append(f"{state.status.glyph} ", style=style)
-    text.append(state.name, style="bold")
+    text.append(node_str(state.name), style="bold")
     text.append(f" · {role} · ")
     text.append(state.status.value, style=style)
     text.append(f" · {age_text(state, now)}", style="dim")
@@ -213,7 +220,7 @@ class NodeCard(RenderedLines, can_focus=True):
         self.role = role
         self.index = index
         self.clock = clock
-        self.border_title = f"[{index}] {node}"
+        self.border_title = node_title(index, node)
         self.draws = 0  # how often show() found something new (renders: how often it was rendered)
         self._state: NodeState | None = None
         self._alerts: list[Alert] = []

@@ -16,7 +16,7 @@ from textual.widgets import Static
 from sparkconsole.probe.samples import NodeSample
 from sparkconsole.probe.state import NodeState, NodeStatus
 from sparkconsole.ui.render import DASH, MEMORY_COLOURS, fmt, gib, memory_bar, node_str, node_text
-from sparkconsole.ui.widgets.node_card import STATUS_STYLE
+from sparkconsole.ui.widgets.node_card import STATUS_STYLE, node_title
 
 DEFAULT_WIDTH = 36
 
@@ -97,7 +97,7 @@ class NodePanel(Static):
         super().__init__(id=f"node-panel-{index}", classes="node-panel")
         self.node = node
         self.role = role
-        self.border_title = f"[{index}] {node}"
+        self.border_title = node_title(index, node)  # Text: never markup, the name cleaned
         self._state: NodeState | None = None
 
     def show(self, state: NodeState) -> None:

@@ -22,7 +22,7 @@ from textual.strip import Strip
 from sparkconsole.probe.alerts import Alert
 from sparkconsole.probe.state import NodeState, NodeStatus
 from sparkconsole.ui.keymap import NODE_TABLE_BINDINGS
-from sparkconsole.ui.render import DASH, fmt, gib, memory_bar, sparkline
+from sparkconsole.ui.render import DASH, fmt, gib, memory_bar, node_str, sparkline
 from sparkconsole.ui.widgets.serving import serving_cell, serving_cell_text
 
 STATUS_STYLE = {"connecting": "yellow", "up": "green", "stale": "dark_orange", "down": "red"}
@@ -123,7 +123,8 @@ def row_text(row: NodeRow, name_width: int, bar_width: int, rest: int) -> Text:
     text.append_text(_cell(Text(f"{row.index}", style="dim"), FIXED["index"], "right"))
     text.append(" ")
     glyph = NodeStatus(row.status).glyph
-    text.append_text(_cell(Text.assemble((f"{glyph} ", style), (row.name, "bold")), name_width + 2))
+    # the name as every node word is shown (a hostname may carry an escape sequence), never markup
+    text.append_text(_cell(Text.assemble((f"{glyph} ", style), (node_str(row.name), "bold")), name_width + 2))
     text.append(" ")
     age = "" if row.age is None or row.status == "up" else f" {row.age}s"
     status = Text(row.status + age, style=style)
@@ -157,7 +158,7 @@ def row_text(row: NodeRow, name_width: int, bar_width: int, rest: int) -> Text:
     if row.alerts:
         severity, first = row.alerts[0]
         more = f" (+{len(row.alerts) - 1})" if len(row.alerts) > 1 else ""
-        text.append_text(_cell(Text(f"⚠ {first}{more}", style="bold red" if severity == "critical"
+        text.append_text(_cell(Text(f"⚠ {node_str(first)}{more}", style="bold red" if severity == "critical"
                                     else "dark_orange"), max(rest, 1)))
     return text
 
@@ -227,7 +228,7 @@ class NodeTable(ScrollView, can_focus=True):
         self.filter = ""
         self.cursor = 0
         self.renders = 0  # rows rendered (a row whose node did not change is not rendered again)
-        self._name_width = min(max((len(n) for n in names), default=4), 24)
+        self._name_width = min(max((len(node_str(n)) for n in names), default=4), 24)
 
     # ---- data in --------------------------------------------------------------------------
 
@@ -310,7 +311,7 @@ class NodeTable(ScrollView, can_focus=True):
         cached = self._strips.get(name)
         if cached is None or cached[0] != width:
             row = self.rows.get(name)
-            text = row_text(row, self._name_width, bar, rest) if row else Text(f"    ◌ {name}  waiting…",
+            text = row_text(row, self._name_width, bar, rest) if row else Text(f"    ◌ {node_str(name)}  waiting…",
                                                                               style="dim")
             cached = (width, self._strip(text, width, base))
             self._strips[name] = cached
@@ -382,6 +383,6 @@ class NodeTable(ScrollView, can_focus=True):
         out = [header_text(self._name_width, bar, self.sort, self.reverse).plain.rstrip()]
         for name in self.order:
             row = self.rows.get(name)
-            out.append(row_text(row, self._name_width, bar, rest).plain.rstrip() if row else name)
+            out.append(row_text(row, self._name_width, bar, rest).plain.rstrip() if row else node_str(name))
         return out
 
