@@ -73,12 +73,18 @@ def test_driver_cuda_and_clocks_that_differ_between_nodes():
 
 
 def test_down_and_stale_nodes_come_first():
+    """Critical before warning whatever the nodes' order: the stale node is listed first, and its
+    warning still comes after the down node and the low-memory one."""
+    stale = healthy("c")
+    stale.status, stale.reason = NodeStatus.STALE, "no fresh sample for 7 s"
     down = healthy("b")
     down.status, down.reason = NodeStatus.DOWN, "no answer in time"
     low = with_sample(healthy("a"), memory=UnifiedMemory(total_bytes=100 * GIB, available_bytes=5 * GIB))
-    alerts = cluster_alerts([low, down])
-    assert [a.severity for a in alerts] == ["critical", "critical"]
-    assert {a.text for a in alerts} >= {"node down: no answer in time"}
+    alerts = cluster_alerts([stale, low, down])
+    assert [a.severity for a in alerts] == ["critical", "critical", "warning"]
+    assert [(a.node, a.kind) for a in alerts] == [("a", "low-memory"), ("b", "down"), ("c", "stale")]
+    assert alerts[1].text == "node down: no answer in time"
+    assert alerts[2].text == "stale: no fresh sample for 7 s"
 
 
 def test_an_alerts_identity_is_kind_node_subject_not_its_live_text():

@@ -22,6 +22,7 @@ from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
 from sparkconsole.planner.live import LiveMemory, NodeMemory, memory_from_states, probe_node_memory
 from sparkconsole.planner.plan import JSON_KEYS, PlanOptions, node_memory_from_cluster, plan
 from sparkconsole.planner.spec import load_spec
+from sparkconsole.sim import start_demo_cluster
 from tests.lab.sshd import LabSshd, free_port
 
 Q122 = "Qwen/Qwen3.5-122B-A10B-FP8"
@@ -96,13 +97,27 @@ def test_node_memory_from_cluster_hook(sshd: LabSshd) -> None:
 
 
 @pytest.mark.sshd
-async def test_two_nodes_one_sshd_smallest_wins(sshd: LabSshd) -> None:
-    """Two node entries on the same sshd (same machine): both read, the minimum is that MemTotal."""
-    config = ClusterConfig(nodes=(sshd.node_config("spark-a"), sshd.node_config("spark-b", role="worker")))
-    live = await probe_node_memory(config)
-    assert [n.node for n in live.read] == ["spark-a", "spark-b"]
-    assert live.gib == pytest.approx(memtotal_gib(), abs=1e-9)
-    assert "spark-a" in live.notes()[0] and "spark-b" in live.notes()[0]
+async def test_nodes_of_different_memory_the_smallest_wins(sshd: LabSshd) -> None:
+    """Two node entries on the lab sshd (this machine) and a simulated GB10 behind its own SSH server
+    (MemTotal 119.70 GiB): every node is read, and since the totals differ, taking the largest, or
+    the first listed, would give another figure than the smallest. The larger node is listed first."""
+    async with start_demo_cluster(nodes=1) as demo:
+        gb10 = demo.config.nodes[0]
+        here = (sshd.node_config("spark-a", role="worker"), sshd.node_config("spark-b", role="worker"))
+        sim_gib = (await probe_node_memory(ClusterConfig(nodes=(gb10,)))).gib
+        assert sim_gib is not None and abs(sim_gib - memtotal_gib()) > 1.0  # the two machines really differ
+        nodes = (gb10, *here) if sim_gib > memtotal_gib() else (*here, gb10)
+        live = await probe_node_memory(ClusterConfig(nodes=nodes))
+    assert [n.node for n in live.read] == [n.name for n in nodes]
+    totals = {n.node: n.total_gib for n in live.read}
+    mine = pytest.approx(memtotal_gib(), abs=1e-9)
+    assert totals == {gb10.name: pytest.approx(sim_gib, abs=1e-9), "spark-a": mine, "spark-b": mine}
+    smallest = min(sim_gib, memtotal_gib())
+    assert live.gib == pytest.approx(smallest, abs=1e-9)
+    assert live.gib != pytest.approx(totals[nodes[0].name], abs=0.5)  # neither the first nor the largest
+    named = gb10.name if sim_gib < memtotal_gib() else "spark-a"  # the first of the smallest
+    assert live.source.endswith(f"smallest MemTotal of 3 node(s) ({named})")
+    assert all(n.name in live.notes()[0] for n in nodes)
 
 
 async def test_unreachable_node_falls_back_with_a_reason() -> None:
@@ -215,14 +230,14 @@ def test_plan_config_gmu_above_memavailable_reports_it(sshd: LabSshd, tmp_path: 
     assert any(r.startswith("node spark-a: MemAvailable ") and "drop_caches" in r for r in j["reasons"])
 
 
-def test_plan_config_unreachable_falls_back_to_the_default(tmp_path: Path, capsys) -> None:
+def test_plan_config_unreachable_is_one_line_exit_3(tmp_path: Path, capsys) -> None:
+    """A node of the named cluster that does not answer: its memory is what the plan is about, so
+    one line and exit 3 (like every command that cannot reach a node), never a plan for a guess."""
     cfg = write_config(tmp_path / "cluster.toml", dead_node("spark-gone"))
     rc, j, err = plan_json(capsys, Q122, "--tp", "2", "--config", str(cfg), "--probe-timeout", "5")
-    assert rc == 0, err  # the 122B fits on two 121.69 GiB nodes
-    assert any(r.startswith("node spark-gone unreachable: ") and r.endswith("; using 121.69 GiB")
-               for r in j["reasons"])
-    assert "budget per node: 0.85 x 121.69 GiB" in " ".join(j["reasons"])
-    assert j["kv_cache_gib_per_node"] == pytest.approx(round(kv_gib_for(DEFAULT_NODE_MEMORY_GIB), 3), abs=1e-3)
+    assert rc == 3 and j == {}
+    assert err.count("\n") == 1 and err.startswith("sparkconsole: error: spark-gone")
+    assert "--node-memory-gib" in err
 
 
 def test_plan_local_reads_this_machine(capsys) -> None:
@@ -259,16 +274,14 @@ def test_plan_broken_config_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
 
 
 @pytest.mark.sshd
-def test_plan_adhoc_host_unknown_key_falls_back(sshd: LabSshd, tmp_path: Path, capsys, monkeypatch) -> None:
+def test_plan_adhoc_host_unknown_key_is_exit_3(sshd: LabSshd, tmp_path: Path, capsys, monkeypatch) -> None:
     """`--host` cannot carry the lab's known_hosts: the host key is unknown, so the node is unreachable
-    for the planner, which says so and keeps the default (never a crash, never exit 2)."""
+    for the planner: one line that says so and exit 3 (never a crash, never a plan on a guess)."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.ssh of the user's
     rc, j, err = plan_json(capsys, Q122, "--tp", "2", "--host", f"root@{sshd.host}:{sshd.port}",
                            "--probe-timeout", "10")
-    assert rc == 0, err
-    reason = next(r for r in j["reasons"] if r.startswith(f"node {sshd.host} unreachable: "))
-    assert reason.endswith("; using 121.69 GiB")
-    assert "0.85 x 121.69 GiB" in " ".join(j["reasons"])
+    assert rc == 3 and j == {}
+    assert err.count("\n") == 1 and err.startswith(f"sparkconsole: error: {sshd.host}"), err
 
 
 @pytest.mark.sshd
