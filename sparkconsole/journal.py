@@ -11,7 +11,10 @@ wizard writes also name the deployment and the step.
 
 The file is append-only: each entry is one ``write`` of one line to a file opened with
 ``O_APPEND`` (mode 0600), so concurrent writers never interleave inside a line. Reading skips
-lines that are not valid entries (a torn last line after a crash) instead of failing.
+lines that are not valid entries (a torn last line after a crash) instead of failing. The file is
+never followed through a symbolic link and its folder is private
+(:func:`~sparkconsole.durable.private_dir`); a write that fails (a full disk) is
+:class:`JournalNotWritten`, one line, for the caller to say after it kept what it must keep.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkconsole.config import state_dir
-from sparkconsole.durable import write_all
+from sparkconsole.durable import open_private, private_dir, read_private, why, write_all
+from sparkconsole.errors import UserError
 
 JOURNAL_FILE = "journal.jsonl"
 REDACTED = "***"
@@ -123,11 +127,18 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
+class JournalNotWritten(UserError):
+    """The journal could not take an entry (a full disk, a symbolic link where it should be)."""
+
+    exit_code = 1
+
+
 class Journal:
     """Append-only journal file. ``path=None``: ``state_dir()/journal.jsonl``."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path) if path is not None else default_journal_path()
+        self._base = state_dir() if path is None else None  # the state folder: made private
 
     def record(
         self,
@@ -142,7 +153,8 @@ class Journal:
         deployment: str | None = None,
         step: str | None = None,
     ) -> JournalEntry:
-        """Append one entry (secrets redacted) and return it."""
+        """Append one entry (secrets redacted) and return it; :class:`JournalNotWritten` when the
+        file cannot take it (nothing half-written: one ``write`` of one line, or none)."""
         stamp = when.astimezone(UTC).isoformat(timespec="microseconds") if when else _now_iso()
         entry = JournalEntry(
             time=stamp,
@@ -155,13 +167,18 @@ class Journal:
             deployment=deployment,
             step=step,
         )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self._base is not None:
+            private_dir(self._base)
+        private_dir(self.path.parent, "journal's folder")
         data = (entry.to_json() + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            write_all(fd, data)  # a short append would run this entry into the next one
-        finally:
-            os.close(fd)
+            fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                write_all(fd, data)  # a short append would run this entry into the next one
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise JournalNotWritten(f"the journal {self.path} could not be written ({why(exc)})") from None
         return entry
 
     def __iter__(self) -> Iterator[JournalEntry]:
@@ -175,9 +192,11 @@ def read_journal(path: str | os.PathLike[str] | None = None) -> list[JournalEntr
     """Every readable entry, oldest first (a missing file is an empty journal)."""
     p = Path(path) if path is not None else default_journal_path()
     try:
-        text = p.read_text(encoding="utf-8", errors="replace")
+        text = read_private(p)
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise UserError(f"cannot read the journal {p}: {why(exc)}", exit_code=1) from None
     out: list[JournalEntry] = []
     for line in text.splitlines():
         line = line.strip()

@@ -12,6 +12,7 @@ container or unit name, a path. The rules follow what those systems themselves a
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 import shlex
@@ -122,6 +123,9 @@ class RemoteCommand:
     mutating: bool = False
     summary: str = ""
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    # what the command reads on its stdin (a program piped into the image's Python): never in the
+    # command's text, so never in the journal or the confirmation; the summary names it and its size
+    stdin: str | None = field(default=None, repr=False, compare=False)
 
     def shell(self) -> str:
         """The exact string sent to the node's shell."""
@@ -210,13 +214,21 @@ def docker_logs(
     return command(*argv)
 
 
-def docker_log_head(container: str, lines: int = 4000) -> RemoteScript:
+LOG_HEAD_LINES = 4000
+LOG_HEAD_BYTES = 4 * 1024 * 1024
+
+
+def docker_log_head(container: str, lines: int = LOG_HEAD_LINES, max_bytes: int = LOG_HEAD_BYTES) -> RemoteScript:
     """The first ``lines`` lines of a container's log, stdout and stderr together: where vLLM
     printed its settings and memory figures, however long it has served since (a followed log
-    starts at its last 200 lines). ``head`` closing the pipe ends ``docker logs`` early."""
+    starts at its last 200 lines). At most ``max_bytes`` of them: a line that never ends (a
+    progress bar without newlines, a binary dump) would hold ``head -n`` forever, so ``head -c``
+    comes first and ends the read there whatever ``head -n`` buffers. ``head`` closing the pipe
+    ends ``docker logs`` early."""
     cmd = command("docker", "logs", validate_container(container))
-    return RemoteScript((), mutating=False, text=f"{cmd.shell()} 2>&1 | head -n {int(lines)}",
-                        summary=f"the first {int(lines)} lines of {container}'s log")
+    n, size = int(lines), int(max_bytes)
+    return RemoteScript((), mutating=False, text=f"{cmd.shell()} 2>&1 | head -c {size} | head -n {n}",
+                        summary=f"the first {n} lines of {container}'s log (at most {size} bytes)")
 
 
 SYSTEMCTL_SHOW_PROPS = ("Id", "LoadState", "ActiveState", "SubState")
@@ -422,7 +434,8 @@ def kill_job(pid: int) -> RemoteCommand:
 FILE_CHUNK_BYTES = 1 << 20  # the most one read of a growing log brings back
 
 
-def file_chunk(path: str, offset: int, limit: int = FILE_CHUNK_BYTES, *, whole_lines: bool = True) -> RemoteScript:
+def file_chunk(path: str, offset: int, limit: int = FILE_CHUNK_BYTES, *, whole_lines: bool = True,
+               identity: bool = False) -> RemoteScript:
     """A growing log read from byte ``offset`` (0-based): the first line is the byte offset the read
     ends at, counted by the node (``wc -c``), then exactly the bytes from ``offset`` to there.
 
@@ -432,11 +445,14 @@ def file_chunk(path: str, offset: int, limit: int = FILE_CHUNK_BYTES, *, whole_l
     newline (a line still being written, possibly cut inside a UTF-8 sequence, waits for the next
     read), unless one line alone fills ``limit`` bytes; without, it ends at the file's end (the
     last read, once the writer is gone). A file now shorter than ``offset`` (truncated, made anew)
-    prints its size and nothing else. Read-only; ``sh``, ``wc``, ``tail`` and ``head`` only."""
+    prints its size and nothing else. Read-only; ``sh``, ``wc``, ``tail`` and ``head`` only, and
+    ``stat`` with ``identity``: a first line then names the file itself (device:inode, ``-`` where
+    ``stat`` cannot say), so that a file replaced by a longer one is told from the same file grown."""
     p = shlex.quote(validate_path(path))
     off, lim = int(offset), int(limit)
     part = f"tail -c +{off + 1} {p} | head -c $((e - {off}))"
-    text = f"s=$(wc -c < {p}) || exit 1; e=$((s)); if [ \"$e\" -gt {off + lim} ]; then e={off + lim}; fi; "
+    text = f"i=$(stat -c %d:%i -- {p} 2>/dev/null) || i=-; echo \"$i\"; " if identity else ""
+    text += f"s=$(wc -c < {p}) || exit 1; e=$((s)); if [ \"$e\" -gt {off + lim} ]; then e={off + lim}; fi; "
     if whole_lines:
         text += (f"if [ \"$e\" -gt {off} ] && [ \"$({part} | tail -c 1 | wc -l)\" -eq 0 ]; then "
                  f"u=$({part} | tail -n 1 | wc -c); "
@@ -694,7 +710,7 @@ def python_in_image(image: str, program: str, *, gpus: bool = False) -> RemoteCo
 
 
 def hf_download_in_image(image: str, model: str, hf_dir: str, user: tuple[int, int] | None,
-                         name: str) -> RemoteCommand:
+                         name: str, files: tuple[str, ...] = (), local_dir: str | None = None) -> RemoteCommand:
     """``docker run --rm --name NAME --user UID:GID -v HF_DIR:/hf -e HF_HOME=/hf --entrypoint hf IMAGE
     download MODEL``: the download where the tool is on a stock Spark, which has no ``hf`` on the
     host (NVIDIA's playbooks run ``hf download`` in the vLLM container with the cache mounted).
@@ -705,8 +721,34 @@ def hf_download_in_image(image: str, model: str, hf_dir: str, user: tuple[int, i
     argv = ["docker", "run", "--rm", "--name", validate_container(name)]
     if user is not None:
         argv += ["--user", f"{int(user[0])}:{int(user[1])}"]
-    argv += ["-v", f"{validate_path(hf_dir)}:/hf", "-e", "HF_HOME=/hf", "--entrypoint", "hf", img, "download", m]
-    return command(*argv, mutating=True, summary=f"download {m} from the Hub with {img}'s hf")
+    for f in files:  # only these files of the repository (the canary's config and tokenizer)
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", f):
+            raise ValidationError(f"not a repository file name: {f!r}")
+    argv += ["-v", f"{validate_path(hf_dir)}:/hf", "-e", "HF_HOME=/hf", "--entrypoint", "hf", img, "download", m,
+             *files]
+    if local_dir is not None:  # the files themselves in this folder (a path in the container), not the cache
+        argv += ["--local-dir", validate_path(local_dir)]
+    what = f"{', '.join(files)} of {m}" if files else m
+    return command(*argv, mutating=True, summary=f"download {what} from the Hub with {img}'s hf")
+
+
+def python_stdin_in_image(image: str, program: str, args: list[str], *, name: str, hf_dir: str,
+                          user: tuple[int, int] | None, what: str) -> RemoteCommand:
+    """``docker run --rm -i --name NAME [--user UID:GID] -v HF_DIR:/hf --entrypoint python3 IMAGE - ARGS``
+    with ``program`` on its stdin: a program too long for a command line (the canary's miniature
+    writer, ~30 kB) run by the image's own Python, as the login user so what it writes in the user's
+    cache stays the user's. The program's text is in no command line, journal or confirmation: the
+    summary names it, its size and its digest."""
+    img = validate_image(image)
+    argv = ["docker", "run", "--rm", "-i", "--name", validate_container(name)]
+    if user is not None:
+        argv += ["--user", f"{int(user[0])}:{int(user[1])}"]
+    argv += ["-v", f"{validate_path(hf_dir)}:/hf", "--entrypoint", "python3", img, "-",
+             *(validate_path(a) if a.startswith("/") else a for a in args)]
+    digest = hashlib.sha256(program.encode()).hexdigest()[:12]
+    return RemoteCommand(tuple(argv), mutating=True, stdin=program,
+                         summary=f"{what} with {img}'s own Python (the program on stdin, "
+                                 f"{len(program.encode()):,} bytes, sha256 {digest}…)")
 
 
 def uvx_hf_download(model: str) -> RemoteCommand:
@@ -942,13 +984,21 @@ def engine_cmdlines() -> RemoteScript:
 # for the node, however many engines: issue 25), each page followed by a :data:`PAGE_MARK` line naming
 # its URL and status (``-w``), curl's own error line in the same stream before it (``--stderr -``:
 # ``curl: (7) Failed to connect …``, so the console can say why an engine did not answer). The pages
-# are filtered on the node (``grep -E``) so only those lines cross the connection. Without
-# ``pipefail`` (POSIX sh) the exit code is grep's.
+# are filtered on the node (``grep -E``) so only those lines cross the connection.
 PAGE_MARK = "::sparkpage::"
+# Every page read is bounded in bytes on the node before it crosses: curl refuses a page whose
+# Content-Length passes METRICS_FETCH_MAX_BYTES (``--max-filesize``; error 63, which the console says),
+# and since that does not bound a chunked page on every curl, what grep keeps is cut at
+# METRICS_PAGE_MAX_BYTES a page (``head -c``; the console refuses a page that reaches it whole). Without
+# ``pipefail`` (POSIX sh) the exit code is head's.
+METRICS_FETCH_MAX_BYTES = 16 * 1024 * 1024
+METRICS_PAGE_MAX_BYTES = 1024 * 1024
 METRICS_PAGE_SCRIPT = (
-    "u=''; q=$1; while [ -n \"$q\" ]; do u=\"$u http://127.0.0.1:${q%%,*}/metrics\"; "
+    "u=''; pn=0; q=$1; while [ -n \"$q\" ]; do u=\"$u http://127.0.0.1:${q%%,*}/metrics\"; pn=$((pn+1)); "
     "case $q in *,*) q=${q#*,} ;; *) q='' ;; esac; done; "
-    "curl -sS -m 2 --stderr - -w '\\n" + PAGE_MARK + " %{url_effective} %{http_code}\\n' $u | grep -E \"$2\""
+    f"curl -sS -m 2 --max-filesize {METRICS_FETCH_MAX_BYTES} --stderr - -w '\\n" + PAGE_MARK
+    + " %{url_effective} %{http_code}\\n' $u | grep -E \"$2\" | head -c $((pn * "
+    + f"{METRICS_PAGE_MAX_BYTES} + 4096))"
 )
 
 
@@ -1032,24 +1082,42 @@ def vllm_bench_serve(container: str, port: int, served: str, tokenizer: str, *, 
     return RemoteScript((), mutating=True, summary=script.summary, text=script.text)
 
 
+#: The llama-benchy release the console runs (``uvx --from llama-benchy==V``): pinned, so a benchmark
+#: compares with the runs before it and no new release runs unreviewed on the head. Its CLI takes the
+#: key only as ``--api-key`` (0.4.0's ``config.py``; default ``EMPTY``, no environment variable).
+LLAMA_BENCHY_VERSION = "0.4.0"
+
+
 def llama_benchy(port: int, served: str, concurrencies: list[int] | tuple[int, ...], pp: int, tg: int, *,
-                 runs: int = 3, tokenizer: str | None = None, time_limit_s: int = 600) -> RemoteCommand:
-    """``timeout T uvx llama-benchy --base-url http://127.0.0.1:PORT/v1 --model SERVED [--tokenizer ID]
-    --pp N --tg M --depth 0 --concurrency C1 C2 … --runs K --latency-mode generation --format md`` on the
-    head (the options of the published Spark runs). ``tokenizer`` only when it is a Hub repo id."""
+                 runs: int = 3, tokenizer: str | None = None, time_limit_s: int = 600,
+                 key_file: str | None = None) -> RemoteCommand:
+    """``timeout T uvx --from llama-benchy==V llama-benchy --base-url http://127.0.0.1:PORT/v1 --model SERVED
+    [--tokenizer ID] --pp N --tg M --depth 0 --concurrency C1 C2 … --runs K --latency-mode generation
+    --format md`` on the head (the options of the published Spark runs; ``V`` is
+    :data:`LLAMA_BENCHY_VERSION`). ``tokenizer`` only when it is a Hub repo id. ``key_file``: the head's
+    API key file, read by the head's shell into ``--api-key "$k"`` (the only way llama-benchy takes a
+    key): its value is in no text here, but it is on llama-benchy's command line on the head while it
+    runs, where the head's other users can see it (``ps``)."""
     p = validate_port(port)
     concs = [_bench_int("a concurrency", c, 1, 1024) for c in concurrencies]
     if not concs:
         raise ValidationError("llama-benchy needs at least one concurrency")
-    argv = ["timeout", _bench_int("the time limit", time_limit_s, 10, 86_400), "uvx", "llama-benchy",
-            "--base-url", f"http://127.0.0.1:{p}/v1", "--model", validate_served_name(served)]
+    head = ["timeout", _bench_int("the time limit", time_limit_s, 10, 86_400), "uvx", "--from",
+            f"llama-benchy=={LLAMA_BENCHY_VERSION}", "llama-benchy"]
+    argv = ["--base-url", f"http://127.0.0.1:{p}/v1", "--model", validate_served_name(served)]
     if tokenizer is not None:
         argv += ["--tokenizer", validate_model_id(tokenizer)]
     argv += ["--pp", _bench_int("the prompt length", pp, 1, 1_000_000),
              "--tg", _bench_int("the generation length", tg, 1, 1_000_000), "--depth", "0",
              "--concurrency", *concs, "--runs", _bench_int("the runs", runs, 1, 100),
              "--latency-mode", "generation", "--format", "md"]
-    return command(*argv, mutating=True, summary=f"benchmark {served} at concurrency {' '.join(concs)} with llama-benchy")
+    summary = f"benchmark {served} at concurrency {' '.join(concs)} with llama-benchy {LLAMA_BENCHY_VERSION}"
+    if key_file is None:
+        return command(*head, *argv, mutating=True, summary=summary)
+    f = shlex.quote(validate_path(key_file))
+    text = (f'k="$(cat {f})" && [ -n "$k" ] && {command(*head).shell()} --api-key "$k" '
+            f"{command(*argv).shell()}")
+    return RemoteScript((*head, *argv), mutating=True, text=text, summary=f"{summary} (the API key from {key_file})")
 
 
 def uvx_available() -> RemoteScript:
@@ -1129,3 +1197,379 @@ def remove_file(path: str, summary: str = "") -> RemoteCommand:
     """``rm -f FILE``: a file this deployment made (teardown)."""
     p = validate_path(path)
     return command("rm", "-f", p, mutating=True, summary=summary or f"remove {p}")
+
+
+# ---- the cluster's lock on its head ------------------------------------------------------------
+#
+# One deployment wizard per cluster, whoever runs it and from wherever: the lock is a folder on the
+# head, made with one ``mkdir`` (atomic: of two consoles that try at once, one makes it and the
+# other is told it exists), holding the holder's record (``holder.json``: laptop, pid, deployment,
+# since, a token of its own) and a heartbeat (``beat``: the head's clock, Unix seconds, refreshed
+# while the wizard runs). Every write of the record replaces a whole file (``mv -f``), so a reader
+# never sees half of one. A holder is judged gone by the console (no refresh for a while, or its
+# pid gone on the very laptop asking); taking over is then a compare-and-swap on the head: only
+# while the record and the beat are still what the console judged, under a ``take`` folder that
+# two consoles cannot both make. Refresh and release act only on a lock whose record is still the
+# holder's own, so a console never removes a lock another took over. Answers start with one word
+# (taken, held, busy, kept, lost, released, other) and, where the lock is not the asker's, three
+# lines: the head's clock, the beat and the holder's record (at most HEAD_LOCK_READ_BYTES).
+
+HEAD_LOCK_DIR = ".cache/sparkconsole/lock.d"  # under the login user's home on the head
+HEAD_LOCK_READ_BYTES = 4096
+_LOCK_PRELUDE = f'umask 077; d="$HOME/{HEAD_LOCK_DIR}"; h="$d/holder.json"; '
+_LOCK_RECORD = f'"$(head -c {HEAD_LOCK_READ_BYTES} "$h" 2>/dev/null)"'
+_LOCK_BEAT = '"$(head -c 32 "$d/beat" 2>/dev/null)"'
+_DEPLOYMENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _lock_report(word: str) -> str:
+    return (f"echo {word}; date +%s; printf '%s\\n' {_LOCK_BEAT}; printf '%s\\n' {_LOCK_RECORD}; exit 1")
+
+
+def _lock_record(text: str, *, own: bool) -> str:
+    """A holder's record as one quoted shell word. The console's own is one line of printable ASCII
+    (``json.dumps``); one read back from the head (a stale holder's, compared before a takeover) is
+    node data: any text without a NUL, within the read bound, quoted whole."""
+    if "\0" in text or len(text.encode()) > HEAD_LOCK_READ_BYTES:
+        raise ValidationError("not a lock record: a NUL byte or too long")
+    if own and not re.fullmatch(r"[ -~]{2,1024}", text):
+        raise ValidationError(f"not a lock record: {text[:80]!r}")
+    return shlex.quote(text)
+
+
+def _lock_write(record: str) -> str:
+    return (f"printf '%s\\n' {record} > \"$h.new\" && mv -f \"$h.new\" \"$h\" && "
+            "date +%s > \"$d/beat.new\" && mv -f \"$d/beat.new\" \"$d/beat\"")
+
+
+def _lock_summary(what: str, deployment: str) -> str:
+    if not _DEPLOYMENT_ID.fullmatch(deployment):
+        raise ValidationError(f"not a deployment id: {deployment!r}")
+    return f"{what} (~/{HEAD_LOCK_DIR}, deployment {deployment})"
+
+
+def head_lock_take(record: str, deployment: str) -> RemoteScript:
+    """Take the cluster's lock: ``mkdir`` the lock folder, then write the record and the beat;
+    ``taken`` (exit 0) or, when the folder exists, ``held`` and who holds it (exit 1). A record that
+    cannot be written (a full disk on the head) leaves no lock behind."""
+    mine = _lock_record(record, own=True)
+    text = (_LOCK_PRELUDE + f'mkdir -p "$HOME/{HEAD_LOCK_DIR.rsplit("/", 1)[0]}" || exit 1; '
+            f'if mkdir "$d" 2>/dev/null; then if {_lock_write(mine)}; then echo taken; '
+            f'else rm -rf "$d"; exit 1; fi; else {_lock_report("held")}; fi')
+    return RemoteScript((), mutating=True, text=text,
+                        summary=_lock_summary("take the cluster's lock on this head while the wizard runs",
+                                              deployment))
+
+
+def head_lock_take_over(record: str, stale_record: str, stale_beat: str, deployment: str) -> RemoteScript:
+    """Take over a lock the console judged stale: under a ``take`` folder (one console at a time),
+    and only while its record and beat are still ``stale_record`` and ``stale_beat`` (a holder that
+    refreshed meanwhile keeps it): ``taken``; else ``held`` with who holds it now, or ``busy`` while
+    another console takes it over (exit 1)."""
+    mine = _lock_record(record, own=True)
+    old = _lock_record(stale_record, own=False)
+    if not re.fullmatch(r"\d{0,20}", stale_beat):
+        raise ValidationError(f"not a lock's beat: {stale_beat[:40]!r}")
+    text = (_LOCK_PRELUDE + 'if mkdir "$d/take" 2>/dev/null; then '
+            f'if [ {_LOCK_RECORD} = {old} ] && [ {_LOCK_BEAT} = {shlex.quote(stale_beat)} ]; then '
+            f'if {_lock_write(mine)}; then rmdir "$d/take"; echo taken; else rmdir "$d/take"; exit 1; fi; '
+            f'else rmdir "$d/take"; {_lock_report("held")}; fi; else echo busy; exit 1; fi')
+    return RemoteScript((), mutating=True, text=text,
+                        summary=_lock_summary("take over the cluster's stale lock on this head", deployment))
+
+
+def head_lock_refresh(record: str, deployment: str) -> RemoteScript:
+    """The holder's heartbeat: the beat set to the head's clock while the record is still the
+    holder's (``kept``), else ``lost`` with who holds it now (exit 1)."""
+    mine = _lock_record(record, own=True)
+    text = (_LOCK_PRELUDE + f'if [ {_LOCK_RECORD} = {mine} ]; then '
+            'date +%s > "$d/beat.new" && mv -f "$d/beat.new" "$d/beat" && echo kept; '
+            f'else {_lock_report("lost")}; fi')
+    return RemoteScript((), mutating=True, text=text,
+                        summary=_lock_summary("refresh the cluster's lock on this head", deployment))
+
+
+def head_lock_release(record: str, deployment: str) -> RemoteScript:
+    """Remove the lock folder while the record is still the holder's (``released``); a lock another
+    console took over is left to it (``other``, exit 1)."""
+    mine = _lock_record(record, own=True)
+    text = (_LOCK_PRELUDE + f'if [ {_LOCK_RECORD} = {mine} ]; then rm -rf "$d" && echo released; '
+            f'else {_lock_report("other")}; fi')
+    return RemoteScript((), mutating=True, text=text,
+                        summary=_lock_summary("release the cluster's lock on this head", deployment))
+
+
+# ---- trust between the nodes (the fast link's ssh) ----------------------------------------------
+# A node's own ed25519 host key, read over the console's ssh connection to that node (whose host key
+# the transport has already verified), so the key another node is told to trust is the one that
+# node's sshd offers, never one accepted blind on first use (no StrictHostKeyChecking=no, no
+# accept-new, no ssh-keyscan over the link).
+HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
+HOST_KEY_READ_BYTES = 4096
+KNOWN_HOSTS_FILE = '"$HOME/.ssh/known_hosts"'
+_KEY_LINE = re.compile(r"^(ssh-ed25519) ([A-Za-z0-9+/]{20,200}={0,2})(?:[ \t].*)?$")
+
+
+def read_host_key() -> RemoteCommand:
+    """``head -c 4096 /etc/ssh/ssh_host_ed25519_key.pub``: the node's public host key (world-readable
+    on Ubuntu; bounded, as every read from a node is)."""
+    return command("head", "-c", str(HOST_KEY_READ_BYTES), HOST_KEY_FILE, summary="read the node's ssh host key")
+
+
+def parse_host_key(text: str) -> tuple[str, str] | None:
+    """``(key type, base64 blob)`` from a ``.pub`` file's first key line, checked: the blob decodes
+    and names its own type (an OpenSSH key blob starts with its type string); None otherwise."""
+    import base64
+    import binascii
+
+    for line in text.splitlines()[:8]:
+        m = _KEY_LINE.match(line.strip())
+        if not m:
+            continue
+        try:
+            blob = base64.b64decode(m.group(2), validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        kind = m.group(1).encode()
+        if blob[:4] != len(kind).to_bytes(4, "big") or blob[4:4 + len(kind)] != kind:
+            return None
+        return m.group(1), m.group(2)
+    return None
+
+
+def host_key_fingerprint(blob_b64: str) -> str:
+    """``SHA256:…`` as ``ssh-keygen -lf`` and ssh's own prompts print it (unpadded base64 of the
+    blob's SHA-256), so the operator can compare it with ``ssh-keygen -lf HOST_KEY_FILE`` on the node."""
+    import base64
+
+    digest = hashlib.sha256(base64.b64decode(blob_b64)).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+def known_hosts_entry(host: str, port: int | None, key_type: str, blob_b64: str) -> str:
+    """One ``known_hosts`` line, as OpenSSH looks a host up: ``HOST TYPE KEY`` on port 22, else
+    ``[HOST]:PORT TYPE KEY`` (sshd(8), SSH_KNOWN_HOSTS FILE FORMAT)."""
+    validate_host(host)
+    if not _KEY_LINE.match(f"{key_type} {blob_b64}"):
+        raise ValidationError(f"not an ed25519 public key: {key_type} {blob_b64[:40]}")
+    name = host if not port or port == 22 else f"[{host}]:{validate_port(port)}"
+    return f"{name} {key_type} {blob_b64}"
+
+
+def _checked_entries(entries: list[str] | tuple[str, ...]) -> list[str]:
+    out = []
+    for e in entries:
+        name, _, key = e.partition(" ")
+        host = name[1:].rsplit("]:", 1)[0] if name.startswith("[") else name
+        port = int(name.rsplit(":", 1)[1]) if name.startswith("[") and name.rsplit(":", 1)[1].isdigit() else None
+        kind, _, blob = key.partition(" ")
+        if known_hosts_entry(host, port, kind, blob) != e:
+            raise ValidationError(f"not a known_hosts line: {e[:80]!r}")
+        out.append(e)
+    return out
+
+
+def known_hosts_lines(entries: list[str] | tuple[str, ...]) -> RemoteScript:
+    """Which of ``entries`` the login user's ``~/.ssh/known_hosts`` already holds, word for word
+    (read-only; no file: none). A key held another way (a hashed line) is asked for again and added
+    once more as a plain line, which ssh accepts beside it."""
+    pats = " ".join(f"-e {shlex.quote(e)}" for e in _checked_entries(entries))
+    text = f"grep -xF {pats} {KNOWN_HOSTS_FILE} 2>/dev/null | head -c 65536; true"
+    return RemoteScript((), summary="which peers' host keys this node's ssh already knows", text=text)
+
+
+def add_known_hosts(entries: list[str] | tuple[str, ...], summary: str = "") -> RemoteScript:
+    """Append each of ``entries`` to ``~/.ssh/known_hosts`` unless it is there already (``~/.ssh``
+    made 0700 where missing, the file 0600): the change a node needs before its ssh, rsync or
+    ``docker save | ssh`` may reach a peer over the fast link with BatchMode on."""
+    parts = ['umask 077; mkdir -p "$HOME/.ssh" && touch ' + KNOWN_HOSTS_FILE]
+    for e in _checked_entries(entries):
+        q = shlex.quote(e)
+        parts.append(f"{{ grep -qxF {q} {KNOWN_HOSTS_FILE} || echo {q} >> {KNOWN_HOSTS_FILE}; }}")
+    return RemoteScript((), mutating=True, text=" && ".join(parts),
+                        summary=summary or "add the peers' host keys to ~/.ssh/known_hosts")
+
+
+# ---- the memory guard's node-side watcher (probe.memory_guard: the policy) ----------------------
+
+GUARD_MARK = "sparkguard"
+GUARD_INTERVAL_S = 2
+# The watcher, run by bash where the node has it (its ``read -t`` on a private fifo is the tick's
+# wait: no process at all per tick) and by sh elsewhere (``sleep``: one process per tick). Each tick
+# reads /proc/meminfo (up to SwapFree) and /proc/pressure/memory with the shell's own ``read``, writes
+# one state line, and acts only when the policy says so: ``docker stop`` of the next target (the
+# console passes them in probe.memory_guard.stop_order's order), then a one-line reason, then
+# again after ``stall_ticks`` ticks if memory is still short; with every target stopped it ends. The
+# state line is rewritten when the level or the stall count changes, and every 15 ticks (measured on a
+# shared x86 Linux host, not yet on a Spark: 0.39 ms of CPU per second at the 2 s default with bash,
+# 0.67 ms at 1 s; writing the line every tick cost a third more).
+# It ends too when its arm file is removed (the console disarms it) or the process it watches is
+# gone (the engine ended on its own), removing its fifo: nothing of it is left but its files in the
+# deployment's job folder, which teardown removes. Parameters are positional arguments (quoted by
+# :meth:`RemoteCommand.shell`); the text is constant.
+_GUARD_LAUNCH = 'b=sh; command -v bash >/dev/null 2>&1 && b=bash; t=$1; shift; exec "$b" -c "$t" sparkguard "$@"'
+_GUARD_SCRIPT = r"""node=$1 sf=$2 rf=$3 af=$4 iv=$5 warn=$6 hard=$7 fth=$8 nth=$9
+mi=${10} ps=${11} dk=${12} wp=${13}; shift 13
+fifo=''
+if [ -n "${BASH_VERSION:-}" ]; then
+  fifo="$sf.fifo"; rm -f "$fifo"; mkfifo -m 600 "$fifo" && exec 9<>"$fifo" || fifo=''
+fi
+bye() { [ -n "$fifo" ] && rm -f "$fifo"; exit "${1:-0}"; }
+trap 'bye 143' TERM; trap 'bye 129' HUP; trap 'bye 130' INT
+nap() { if [ -n "$fifo" ]; then read -r -t "$iv" -u 9 _ || :; else sleep "$iv"; fi; }
+x100() { v=${1#*=}; i=${v%%.*}; f=${v#"$i"}; f=${f#.}00; f=${f%"${f#??}"}; case $i$f in *[!0-9]*|'') r=0 ;; *) r=$((i * 100 + 1$f - 100)) ;; esac; }
+n=0 grace=0 stopped='' last='' w=0
+while :; do
+  [ -e "$af" ] || { printf 'disarmed node=%s\n' "$node" >"$sf"; bye 0; }
+  [ "$wp" = 0 ] || [ -d "/proc/$wp" ] || { printf 'ended node=%s why=watched-process-gone\n' "$node" >"$sf"; bye 0; }
+  av=-1 st=0 sw=0
+  while read -r k v _; do case $k in
+    MemAvailable:) av=$v ;; SwapTotal:) st=$v ;; SwapFree:) sw=$v; break ;; esac; done <"$mi"
+  sa=-1 fa=-1
+  if [ -r "$ps" ]; then while read -r k a _; do x100 "$a"; case $k in some) sa=$r ;; full) fa=$r ;; esac; done <"$ps"; fi
+  if [ "$fa" -gt "$fth" ]; then n=$((n + 1)); else n=0; fi
+  cause=''
+  if [ "$av" -ge 0 ] && [ "$av" -lt "$hard" ]; then cause=floor; elif [ "$n" -ge "$nth" ]; then cause=pressure; fi
+  lv=ok; [ "$av" -ge 0 ] && [ "$av" -lt "$warn" ] && lv=warn; [ "$n" -gt 0 ] && lv=warn
+  if [ -n "$cause" ] && [ "$grace" -le 0 ]; then
+    if [ $# -eq 0 ]; then printf 'acted node=%s cause=%s avail_kib=%s hard_kib=%s full_x100=%s some_x100=%s swap_used_kib=%s stopped=%s\n' \
+      "$node" "$cause" "$av" "$hard" "$fa" "$sa" "$((st - sw))" "${stopped#,}" >"$rf"; printf 'done node=%s\n' "$node" >"$sf"; bye 0; fi
+    tg=$1; shift
+    case $tg in pid:*) kill -TERM "-${tg#pid:}" 2>/dev/null || kill -TERM "${tg#pid:}" 2>/dev/null; rc=$? ;;
+      *) "$dk" stop -t 10 "$tg" >/dev/null 2>&1; rc=$? ;; esac
+    stopped="$stopped,$tg"
+    printf 'acted node=%s cause=%s avail_kib=%s hard_kib=%s full_x100=%s some_x100=%s swap_used_kib=%s stopped=%s rc=%s\n' \
+      "$node" "$cause" "$av" "$hard" "$fa" "$sa" "$((st - sw))" "${stopped#,}" "$rc" >"$rf"
+    lv=acted n=0 grace=$nth
+  fi
+  [ "$grace" -gt 0 ] && grace=$((grace - 1))
+  k="$lv $n $#"; w=$((w + 1))
+  if [ "$k" != "$last" ] || [ "$w" -ge 15 ]; then last=$k w=0
+    printf '%s node=%s avail_kib=%s warn_kib=%s hard_kib=%s full_x100=%s some_x100=%s stall=%s/%s swap_used_kib=%s left=%s\n' \
+      "$lv" "$node" "$av" "$warn" "$hard" "$fa" "$sa" "$n" "$nth" "$((st - sw))" "$#" >"$sf"; fi
+  [ $# -eq 0 ] && [ -n "$stopped" ] && bye 0
+  nap
+done
+"""
+
+
+@dataclass(frozen=True)
+class GuardFiles:
+    """Where a node's memory-guard watcher keeps its state: ``state`` (one line, rewritten each
+    tick), ``reason`` (one line, written when it acted), ``arm`` (exists while armed; removing it
+    disarms the watcher at its next tick). The job files (log, rc, pid) are the usual detached
+    job's (:class:`JobFiles`) under the same folder."""
+
+    state: str
+    reason: str
+    arm: str
+    job: JobFiles
+
+    @classmethod
+    def under(cls, job_dir: str, name: str = "memguard") -> GuardFiles:
+        job = JobFiles.under(job_dir, name)
+        return cls(state=f"{job_dir}/{name}.state", reason=f"{job_dir}/{name}.reason",
+                   arm=f"{job_dir}/{name}.arm", job=job)
+
+
+def memory_guard_watch(node: str, files: GuardFiles, targets: list[str] | tuple[str, ...], *,
+                       warn_floor_bytes: int, hard_floor_bytes: int, full_act_pct: float, stall_ticks: int,
+                       interval_s: int = GUARD_INTERVAL_S, watch_pid: int = 0,
+                       meminfo: str = "/proc/meminfo", pressure: str = "/proc/pressure/memory",
+                       docker: str = "docker") -> RemoteCommand:
+    """The watcher's command (the ``inner`` of :func:`detached`, started beside the engine): it
+    stops ``targets`` in order (container names, or ``pid:N`` for an engine started on the host:
+    its process group) when ``MemAvailable`` falls below ``hard_floor_bytes`` or ``full avg10``
+    stays above ``full_act_pct`` for ``stall_ticks`` ticks. The paths are parameters so that tests
+    run it against a fake ``/proc``; on a node they are the defaults."""
+    checked = []
+    for t in targets:
+        if t.startswith("pid:"):
+            if not t[4:].isdigit() or int(t[4:]) <= 1:
+                raise ValidationError(f"not a process to stop: {t!r}")
+            checked.append(t)
+        else:
+            checked.append(validate_container(t))
+    if not 1 <= int(interval_s) <= 60 or not 1 <= int(stall_ticks) <= 100:
+        raise ValidationError("the guard's interval is 1 to 60 s and its stall count 1 to 100 ticks")
+    if not 0 < full_act_pct <= 100 or min(warn_floor_bytes, hard_floor_bytes) < 0:
+        raise ValidationError("the guard's pressure threshold is a percentage and its floors are not negative")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", node):
+        raise ValidationError(f"not a node name: {node!r}")
+    if docker != "docker":
+        validate_path(docker)
+    args = (node, validate_path(files.state), validate_path(files.reason), validate_path(files.arm),
+            str(int(interval_s)), str(int(warn_floor_bytes) // 1024), str(int(hard_floor_bytes) // 1024),
+            str(round(full_act_pct * 100)), str(int(stall_ticks)), validate_path(meminfo), validate_path(pressure),
+            docker, str(int(watch_pid)), *checked)
+    what = ", ".join(checked) or "nothing"
+    return RemoteCommand(("sh", "-c", _GUARD_LAUNCH, GUARD_MARK, _GUARD_SCRIPT, *args), mutating=True,
+                         summary=f"watch {node}'s memory and stop {what} before it runs out")
+
+
+def memory_guard_arm(job_dir: str, files: GuardFiles, watch: RemoteCommand) -> RemoteScript:
+    """Arm: make the arm file, then start the watcher detached (the wizard's job form), printing its
+    pid."""
+    start = detached(job_dir, files.job, watch, summary=watch.summary)
+    text = (f"mkdir -p {shlex.quote(validate_path(job_dir))} && rm -f {shlex.quote(files.reason)} && "
+            f": > {shlex.quote(files.arm)} || exit 1; {start.text}")
+    return RemoteScript((), mutating=True, summary=watch.summary, text=text)
+
+
+def memory_guard_disarm(files: GuardFiles) -> RemoteScript:
+    """Disarm: remove the arm file (the watcher ends at its next tick, removing its fifo) and end it
+    now, with its process group (``setsid`` made one), if its identity file names it still running.
+    Its state and reason stay for the console."""
+    arm = shlex.quote(validate_path(files.arm))
+    text = (f"rm -f {arm}; if {job_alive(files.job)}; then kill -TERM -- \"-$jp\" 2>/dev/null; fi; true")
+    return RemoteScript((), mutating=True, summary="disarm the memory guard", text=text)
+
+
+def memory_guard_remove(files: GuardFiles) -> RemoteScript:
+    """Teardown: disarm, wait (at most 5 s) for the watcher to be gone so that it writes nothing
+    after, then remove every file it had (state, reason, fifo, job files)."""
+    paths = " ".join(shlex.quote(validate_path(p)) for p in (
+        files.arm, files.state, files.reason, files.state + ".fifo", files.job.log, files.job.rc, files.job.pid))
+    wait = (f"i=0; while {job_alive(files.job)} && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done")
+    text = f"{memory_guard_disarm(files).text}; {wait}; rm -f {paths}"
+    return RemoteScript((), mutating=True, summary="remove the memory guard", text=text)
+
+
+GUARD_STATE_MAX_BYTES = 4096
+
+
+def memory_guard_status(files: GuardFiles) -> RemoteScript:
+    """Read-only: ``armed``/``disarmed`` and whether the watcher runs, then its state line and its
+    reason line (each cut at :data:`GUARD_STATE_MAX_BYTES`)."""
+    arm, sf, rf = (shlex.quote(validate_path(p)) for p in (files.arm, files.state, files.reason))
+    text = (f"if [ -e {arm} ]; then a=armed; else a=disarmed; fi; if {job_alive(files.job)}; then r=running; "
+            f"else r=stopped; fi; echo \"guard $a $r\"; "
+            f"printf 'state '; head -c {GUARD_STATE_MAX_BYTES} {sf} 2>/dev/null | head -n 1; echo; "
+            f"printf 'reason '; head -c {GUARD_STATE_MAX_BYTES} {rf} 2>/dev/null | head -n 1; echo")
+    return RemoteScript((), summary="the memory guard's state", text=text)
+
+
+# ---- the kernel's log, where the login user may read it -------------------------------------------
+
+KLOG_MARK = "::sparkklog::"
+KLOG_LINES = 2000
+KLOG_MAX_BYTES = 1024 * 1024
+
+
+def kernel_log_read(lines: int = KLOG_LINES, max_bytes: int = KLOG_MAX_BYTES) -> RemoteScript:
+    """Read-only: the kernel's newest ``lines`` log lines, from ``journalctl -k`` where the login user
+    is in the ``adm`` or ``systemd-journal`` group (or is root), else from ``dmesg`` where
+    ``kernel.dmesg_restrict`` is 0; the first line says which (``::sparkklog:: source journalctl`` /
+    ``dmesg`` / ``none WHY``), read by :func:`sparkconsole.probe.kernel_log.parse_kernel_log`. Never
+    sudo: what the user may not read is said, not forced. Cut at ``max_bytes``."""
+    n, cap = int(lines), int(max_bytes)
+    if not 1 <= n <= 100_000 or not 1024 <= cap <= 64 * 1024 * 1024:
+        raise ValidationError("a kernel log read is 1 to 100000 lines and 1 KiB to 64 MiB")
+    text = (f"g=\" $(id -Gn 2>/dev/null) \"; u=$(id -u); r=1; read r < /proc/sys/kernel/dmesg_restrict 2>/dev/null; "
+            f"if [ \"$u\" = 0 ] || case $g in *' adm '*|*' systemd-journal '*) true ;; *) false ;; esac "
+            f"&& command -v journalctl >/dev/null 2>&1; then echo '{KLOG_MARK} source journalctl'; "
+            f"journalctl -k -q --no-pager -o short-iso -n {n} 2>&1 | head -c {cap}; "
+            f"elif [ \"$r\" = 0 ] && command -v dmesg >/dev/null 2>&1; then echo '{KLOG_MARK} source dmesg'; "
+            f"dmesg --time-format iso 2>&1 | tail -n {n} | head -c {cap}; "
+            f"else echo \"{KLOG_MARK} source none not in adm or systemd-journal, kernel.dmesg_restrict=$r\"; fi")
+    return RemoteScript((), summary="read the kernel's log (OOM kills, NVIDIA Xid errors)", text=text)

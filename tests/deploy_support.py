@@ -52,11 +52,10 @@ async def demo_flow(tmp_path: Path, presets: dict[str, str], *, speed: float, po
                     ) -> AsyncIterator[DemoFlow]:
     """Start the demo cluster and the whole deployment (``--auto`` plus ``presets``) in a task."""
     async with start_demo_cluster(scenario=scenario, speed=speed) as demo:
-        run: DemoFlow | None = None
+        events: list[tuple[float, Any]] = []  # from the opening on (the cluster's lock on the head is taken there)
 
         def emit(e: Any) -> None:
-            assert run is not None
-            run.events.append((demo.sim.clock.now(), e))
+            events.append((demo.sim.clock.now(), e))
             if on_event is not None:
                 on_event(e)
 
@@ -76,7 +75,7 @@ async def demo_flow(tmp_path: Path, presets: dict[str, str], *, speed: float, po
                                    settings=Settings(poll_s=poll_sim_s / speed, speed=speed),
                                    transport_factory=recorded_transport, locks=tmp_path / "locks") as session:
             run = DemoFlow(demo, session.flow, session.transports, asyncio.ensure_future(run_flow(session.flow)),
-                           sent=sent)
+                           events=events, sent=sent)
             try:
                 yield run
             finally:

@@ -105,11 +105,12 @@ def test_vllm_bench_commands_are_quoted_bounded_and_keep_the_key_out():
 def test_llama_benchy_command_and_refusals():
     (cmd,) = B.bench_commands(8000, GLM_SERVED, GLM_REPO, None, [5, 10], 20, 8192, 512, "llama-benchy")
     assert shlex.split(cmd.shell()) == [
-        "timeout", "600", "uvx", "llama-benchy", "--base-url", "http://127.0.0.1:8000/v1", "--model", GLM_SERVED,
+        "timeout", "600", "uvx", "--from", f"llama-benchy=={R.LLAMA_BENCHY_VERSION}", "llama-benchy",
+        "--base-url", "http://127.0.0.1:8000/v1", "--model", GLM_SERVED,
         "--tokenizer", GLM_REPO, "--pp", "8192", "--tg", "512", "--depth", "0", "--concurrency", "5", "10",
         "--runs", "2", "--latency-mode", "generation", "--format", "md"]
     bad = [
-        lambda: B.bench_commands(8000, GLM_SERVED, None, None, [1], 4, 8, 8, "llama-benchy", key_file="/root/k"),
+        lambda: B.bench_commands(8000, GLM_SERVED, None, None, [1], 4, 8, 8, "llama-benchy", key_file="/root/k k;"),
         lambda: B.bench_commands(8000, GLM_SERVED, None, None, [1], 4, 8, 8, "vllm"),  # no container
         lambda: B.bench_commands(8000, "x; touch y", None, "c", [1], 4, 8, 8, "vllm"),
         lambda: B.bench_commands(0, GLM_SERVED, None, "c", [1], 4, 8, 8, "vllm"),

@@ -30,6 +30,7 @@ from sparkconsole.deploy.flow import Options
 from sparkconsole.deploy.opening import ClusterLock, find_earlier, lock_name, open_deployment
 from sparkconsole.deploy.state import DeploymentState, StateStore
 from sparkconsole.errors import UserError
+from sparkconsole.transport.base import CommandResult
 from tests.test_deploy_demo import demo_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,9 +121,17 @@ class FakeTransport:
     closed: list[str] = field(default_factory=list)
     connected: bool = True  # the console's own tick reads these of every transport
     last_error: str | None = None
+    sent: list[str] = field(default_factory=list)
 
-    async def run(self, cmd, timeout: float = 30.0, input: str | None = None):  # pragma: no cover - not called
-        raise AssertionError("the session sends nothing by itself")
+    async def run(self, cmd, timeout: float = 30.0, input: str | None = None):
+        """The session itself sends only the cluster's lock on the head: taken at the opening,
+        released at the end, answered as a free head answers (tests/test_head_lock.py runs them on
+        the simulated head); anything else is a bug."""
+        summary = getattr(cmd, "summary", "")
+        if "cluster's lock on this head" not in summary:
+            raise AssertionError(f"the session sends nothing by itself: {summary or cmd}")
+        self.sent.append(summary.split(" (", 1)[0])
+        return CommandResult(cmd.shell(), 0, "released\n" if summary.startswith("release") else "taken\n", "", 0.0)
 
     async def close(self) -> None:
         self.closed.append(self.node)
@@ -134,18 +143,27 @@ CONFIG = ClusterConfig(nodes=(NodeConfig("spark-a", "127.0.0.1", role="head"), N
 
 async def test_the_session_holds_the_lock_and_closes_everything_on_exit(tmp_path):
     closed: list[str] = []
+    made: dict[str, FakeTransport] = {}
+
+    def factory(n: NodeConfig) -> FakeTransport:
+        made[n.name] = FakeTransport(n.name, closed)
+        return made[n.name]
+
     state = DeploymentState.new(MODEL, Options().to_json(), CONFIG.name)
     with pytest.raises(RuntimeError, match="boom"):
         async with open_deployment(CONFIG, Options(), state, answer=ScriptedAnswers({}, auto=True),
-                                   emit=lambda e: None, locks=tmp_path,
-                                   transport_factory=lambda n: FakeTransport(n.name, closed)) as session:
+                                   emit=lambda e: None, locks=tmp_path, transport_factory=factory) as session:
             assert set(session.transports) == {"spark-a", "spark-b"}
+            assert session.head_lock is not None and session.head_lock.held  # the head holds it too
             assert session.runner.transports is session.transports and session.flow.runner is session.runner
             assert session.state is state and session.runner.state is state
             with pytest.raises(UserError, match=f"deployment {state.id}"):
                 ClusterLock("demo", "x", directory=tmp_path).acquire()
             raise RuntimeError("boom")  # however the session ends, it closes
     assert sorted(closed) == ["spark-a", "spark-b"]
+    assert made["spark-a"].sent == ["take the cluster's lock on this head while the wizard runs",
+                                     "release the cluster's lock on this head"]  # the head's lock, released
+    assert made["spark-b"].sent == []  # only the head holds it
     with ClusterLock("demo", "x", directory=tmp_path) as after:
         assert after.held
 
@@ -162,7 +180,7 @@ async def test_plan_only_takes_no_lock_and_a_refusal_opens_nothing(tmp_path):
         async with open_deployment(CONFIG, Options(), state, answer=ScriptedAnswers({}, auto=True),
                                    emit=lambda e: None, plan_only=True, locks=tmp_path,
                                    transport_factory=factory) as session:
-            assert session.lock is None and session.runner.plan_only
+            assert session.lock is None and session.head_lock is None and session.runner.plan_only
         assert opened == ["spark-a", "spark-b"]
         opened.clear()
         with pytest.raises(UserError, match=DEPLOYMENT):

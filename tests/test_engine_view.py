@@ -219,7 +219,7 @@ async def test_a_silent_engine_shows_its_reason(tmp_path):
         watch = app.node_state(HEAD).engines[8002]
         # the page answers nothing: the read fails as a refused connection does
         watch_record = watch.record
-        watch.record = lambda t, text, rc: watch_record(t, "curl: (7) Failed to connect to 127.0.0.1 port 8002", 7)
+        watch.record = lambda t, text, rc, parsed=None: watch_record(t, "curl: (7) Failed to connect to 127.0.0.1 port 8002", 7)
         await poll_ticks(pilot, app, ticks=3 * SERVING_EVERY)
         await holds(pilot, lambda: watch.silent, "the engine silent")
         text = card_text(app, 1)

@@ -6,15 +6,19 @@ the :class:`~sparkconsole.deploy.runner.Runner` and the flow itself, and all of 
 whatever happens. Wired three times, they drifted (two rules for "an earlier deployment", no guard
 against two wizards on one cluster), so they are wired here once:
 
-* :class:`ClusterLock`: one deployment at a time per cluster. Two wizards on one cluster would stop
-  each other's services, start two engines into the same memory and fight over the same
-  containers, so the second is refused at once with the first's name, pid, host and deployment.
-  It is an ``flock`` on a file under the state directory, held for the session's life: the OS
-  drops it when the holder dies, however it dies, so a lock is never left behind (the file's
-  contents then say who held it, and the next opener says it takes it over);
+* :class:`ClusterLock`: one deployment at a time per cluster from this laptop. Two wizards on one
+  cluster would stop each other's services, start two engines into the same memory and fight over
+  the same containers, so the second is refused at once with the first's name, pid, host and
+  deployment. It is an ``flock`` on a file under the (private) state directory, held for the
+  session's life: the OS drops it when the holder dies, however it dies, so a lock is never left
+  behind (the file's contents then say who held it, and the next opener says it takes it over);
+* :class:`~sparkconsole.deploy.head_lock.HeadLock`: the same rule across laptops and state
+  folders, held on the cluster's head (a run that may change the nodes takes it, as a shown and
+  journaled change, after the local lock; a stale one is taken over with a note);
 * :func:`find_earlier`: the one rule for "an earlier deployment" (the CLI's note, the TUI's
   resume offer);
-* :func:`open_deployment`: lock, transports, runner, flow; yields a :class:`DeploymentSession`.
+* :func:`open_deployment`: the state folder checked, locks, transports, runner, flow; yields a
+  :class:`DeploymentSession`.
 
 Nothing here imports Textual: the wizard screen is only one caller.
 """
@@ -37,9 +41,10 @@ from typing import TYPE_CHECKING, Any
 from sparkconsole.config import ClusterConfig, NodeConfig, state_dir
 from sparkconsole.deploy.events import Event, NoteEvent
 from sparkconsole.deploy.flow import Flow, Options
+from sparkconsole.deploy.head_lock import HeadLock, Holder
 from sparkconsole.deploy.runner import Runner
 from sparkconsole.deploy.state import DeploymentState, StateStore
-from sparkconsole.durable import file_name_for, write_all
+from sparkconsole.durable import file_name_for, open_private, private_dir, read_private, why, write_all
 from sparkconsole.errors import UserError
 
 if TYPE_CHECKING:
@@ -68,43 +73,6 @@ def lock_name(cluster: str) -> str:
     return file_name_for(cluster) + ".lock"
 
 
-@dataclass(frozen=True)
-class Holder:
-    """Who holds (or last held) a cluster's lock, as its lock file says."""
-
-    host: str = "?"
-    pid: int = 0
-    deployment: str = "?"
-    since: str = ""  # ISO 8601, UTC
-
-    @classmethod
-    def read(cls, text: str) -> Holder | None:
-        """The holder in a lock file's text; None for an empty or unreadable file (released, or
-        being written)."""
-        try:
-            data = json.loads(text)
-            return cls(host=str(data.get("host") or "?"), pid=int(data.get("pid") or 0),
-                       deployment=str(data.get("deployment") or "?"), since=str(data.get("since") or ""))
-        except (ValueError, TypeError, AttributeError):
-            return None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "pid": self.pid, "deployment": self.deployment, "since": self.since}
-
-    def since_text(self, now: datetime | None = None) -> str:
-        """``21:22:33 UTC`` today, ``2026-12-01 21:22:33 UTC`` on another day: short when that is enough."""
-        try:
-            when = datetime.fromisoformat(self.since).astimezone(UTC)
-        except ValueError:
-            return self.since or "an unknown time"
-        now = now or datetime.now(UTC)
-        return when.strftime("%H:%M:%S UTC" if when.date() == now.date() else "%Y-%m-%d %H:%M:%S UTC")
-
-    def describe(self) -> str:
-        """``pid 4242 on laptop, deployment 20261201-212233-ab12, since 21:22:33 UTC``."""
-        return f"pid {self.pid} on {self.host}, deployment {self.deployment}, since {self.since_text()}"
-
-
 class ClusterLock:
     """One deployment at a time on a cluster: ``flock(LOCK_EX | LOCK_NB)`` on
     ``<locks>/<cluster>.lock``, held on an open descriptor for the session's life.
@@ -113,6 +81,10 @@ class ClusterLock:
     opener can say who to wait for. ``flock`` (not the file's existence) is the truth: the OS
     releases it when the holder's process ends, so a file whose lock nobody holds is stale (its
     holder is gone) and is taken over, said through ``on_note``. A clean release empties the file.
+
+    The folder is private (:func:`~sparkconsole.durable.private_dir`) and the file is opened without
+    following a symbolic link (one found there is refused, whatever it points at, untouched); a
+    write that fails (a full disk) is one line, the lock not taken.
     """
 
     def __init__(self, cluster: str, deployment: str, *, directory: Path | None = None,
@@ -120,6 +92,7 @@ class ClusterLock:
         self.cluster = cluster
         self.deployment = deployment
         self.path = (directory if directory is not None else lock_dir()) / lock_name(cluster)
+        self._base = state_dir() if directory is None else None  # the state folder: private too
         self.on_note = on_note
         self._fd: int | None = None
 
@@ -131,12 +104,14 @@ class ClusterLock:
         """Take the lock now or raise :class:`UserError` (exit 1) naming the holder; never waits."""
         if self._fd is not None:
             return
+        if self._base is not None:
+            private_dir(self._base)
+        private_dir(self.path.parent, "lock folder")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
-            raise UserError(f"cannot open the lock of cluster {self.cluster!r} ({self.path}): "
-                            f"{exc.strerror or exc}", exit_code=1) from None
+            raise UserError(f"cannot open the lock of cluster {self.cluster!r} ({self.path}): {why(exc)}",
+                            exit_code=1) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -157,8 +132,12 @@ class ClusterLock:
             me = Holder(host=socket.gethostname(), pid=os.getpid(), deployment=self.deployment,
                         since=datetime.now(UTC).isoformat(timespec="seconds"))
             _write_all(fd, json.dumps(me.to_json()).encode())
-        except BaseException:
+        except OSError as exc:  # a full disk: the lock is not taken, and says why in one line
             os.close(fd)  # closing drops the flock too
+            raise UserError(f"cannot write the lock of cluster {self.cluster!r} ({self.path}): {why(exc)}; "
+                            "free some disk and run again", exit_code=1) from None
+        except BaseException:
+            os.close(fd)
             raise
         self._fd = fd
 
@@ -176,7 +155,7 @@ class ClusterLock:
     def holder(self) -> Holder | None:
         """Who the lock file names now (None when empty or absent), whether or not the lock is held."""
         try:
-            return Holder.read(self.path.read_text())
+            return Holder.read(read_private(self.path, 1 << 16))
         except OSError:
             return None
 
@@ -208,9 +187,11 @@ def _read_all(fd: int) -> str:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    os.ftruncate(fd, 0)
+    """The file becomes ``data``: written over its start, then cut to its length (a write that fails
+    part way leaves a record that does not parse: read as "not written yet", never as someone else)."""
     os.lseek(fd, 0, os.SEEK_SET)
     write_all(fd, data)
+    os.ftruncate(fd, len(data))
     os.fsync(fd)
 
 
@@ -244,6 +225,7 @@ class DeploymentSession:
     flow: Flow
     transports: dict[str, Transport]
     lock: ClusterLock | None = field(default=None, repr=False)
+    head_lock: HeadLock | None = field(default=None, repr=False)
 
 
 @asynccontextmanager
@@ -267,17 +249,22 @@ async def open_deployment(
 ) -> AsyncIterator[DeploymentSession]:
     """Open ``state`` (new, resumed or to be torn down) on ``config``; close it all on exit.
 
-    In order: the cluster's :class:`ClusterLock` (refused at once, :class:`UserError` exit 1, while
-    another run holds it), one transport per node (``transport_factory`` or
+    In order: the state folder checked (private, or refused in one line), the cluster's
+    :class:`ClusterLock` (refused at once, :class:`UserError` exit 1, while another run on this
+    laptop holds it), one transport per node (``transport_factory`` or
     :func:`sparkconsole.transport.node_transport`: the deployment's own connections, since one of
-    its commands may take an hour and a console's poller reopens its own when a probe hangs), then
-    the :class:`Runner` and the :class:`Flow`. On exit the transports close and the lock goes.
+    its commands may take an hour and a console's poller reopens its own when a probe hangs), the
+    :class:`Runner`, the cluster's :class:`~sparkconsole.deploy.head_lock.HeadLock` on its head
+    (refused the same way while a wizard elsewhere holds it: another laptop, another state folder)
+    and the :class:`Flow`. On exit the head's lock is released, the transports close and the local
+    lock goes.
 
-    ``plan_only`` takes no lock: it sends nothing that changes a node. ``lock=False`` is for a
-    cluster no other process can reach (a demo simulated inside this process: its name is shared
-    with every other such demo, so locking it would refuse runs that cannot collide). ``locks`` is
-    the lock folder (default ``state_dir()/locks``). ``on_note`` hears what the opening says (a
-    stale lock taken over); by default it is a warning in the event stream."""
+    ``plan_only`` and ``read_only`` take no lock on the head, and ``plan_only`` none here either:
+    they send nothing that changes a node. ``lock=False`` takes neither: it is for a cluster no
+    other process can reach (a demo simulated inside this process: its name is shared with every
+    other such demo, so locking it would refuse runs that cannot collide). ``locks`` is the lock
+    folder (default ``state_dir()/locks``). ``on_note`` hears what the opening says (a stale lock
+    taken over); by default it is a warning in the event stream."""
 
     def note(text: str) -> None:
         if on_note is not None:
@@ -292,11 +279,14 @@ async def open_deployment(
     if unknown:
         raise UserError(f"deployment {state.id} names nodes the inventory of {config.name!r} lacks: "
                         f"{', '.join(unknown)}; run it with the inventory it was made with")
+    if store is not None and not plan_only:
+        store.check()  # a folder another user may write is refused before any node is touched
     held: ClusterLock | None = None
     if lock and not plan_only:
         held = ClusterLock(config.name, state.id, directory=locks, on_note=note)
         held.acquire()
     transports: dict[str, Transport] = {}
+    head: HeadLock | None = None
     try:
         from sparkconsole.transport import node_transport
 
@@ -310,10 +300,16 @@ async def open_deployment(
             extra["settings"] = settings
         runner = Runner(config=config, state=state, transports=transports, answer=answer, emit=emit, store=store,
                         journal=journal, read_only=read_only, plan_only=plan_only, **extra)
+        if lock and not plan_only and not read_only:
+            head = HeadLock(runner, config.name, note)
+            await head.acquire()
+            runner.head_lock = head  # the walk releases it as it ends (before its result is said)
         flow = Flow(runner, options)
         yield DeploymentSession(config=config, state=state, runner=runner, flow=flow, transports=transports,
-                                lock=held)
+                                lock=held, head_lock=head)
     finally:
+        if head is not None:
+            await head.release()
         for t in transports.values():
             with contextlib.suppress(Exception):
                 await t.close()

@@ -3,7 +3,10 @@
 Every command goes through :meth:`Runner.read` (read-only) or :meth:`Runner.change` (changes a
 node: refused read-only, shown before it runs by a :class:`CommandEvent` without ``rc``, confirmed
 through the step's ``confirm`` callback, journaled with the deployment and step ids, and the state
-saved right after). Long work runs detached on the node (:meth:`start_job`): its pid and files are
+saved right after). Once a change was sent, what it did is kept before anything can fail: the state
+(with the change's key) is saved first, then the journal is written, each tried whatever the other
+did, and only then is a failure of either raised, in one line. The cluster's lock on the head goes
+through :meth:`Runner.housekeeping`: shown and journaled the same way, outside the steps. Long work runs detached on the node (:meth:`start_job`): its pid and files are
 saved before anything waits on it, so a console killed mid-copy re-attaches on ``--resume`` and
 never starts the same job twice (:meth:`wait_job`).
 
@@ -33,7 +36,7 @@ from sparkconsole.deploy.events import (
     StepEvent,
 )
 from sparkconsole.deploy.state import DeploymentState, Job, StateStore
-from sparkconsole.errors import ReadOnlyError, TransportError
+from sparkconsole.errors import ReadOnlyError, TransportError, UserError
 from sparkconsole.journal import Journal
 from sparkconsole.remote import JobFiles, RemoteCommand, detached, job_check, kill_job
 from sparkconsole.transport.base import CommandResult, Transport
@@ -95,6 +98,10 @@ class Runner:
     plan_only: bool = False
     step: str = ""  # the step running now (commands are journaled under it)
     cancelled: bool = False  # the operator asked to stop: no further change is sent
+    stop_reason: str = ""  # why no further change is sent, when not the operator's word
+    # the cluster's lock on the head (:class:`~sparkconsole.deploy.head_lock.HeadLock`), set by the
+    # opening: the walk releases it as it ends, so its release is shown before the result
+    head_lock: Any = field(default=None, repr=False)
     # While a step's ``send`` runs as a rehearsal (:meth:`rehearse`): the changes it would send, in
     # order; nothing is sent, journaled or saved. ``None``: changes are sent.
     _recorded: list[tuple[str, RemoteCommand]] | None = field(default=None, repr=False)
@@ -150,9 +157,15 @@ class Runner:
         """The changes the operator confirmed for the step about to send (``None``: no check)."""
         self._confirmed = None if changes is None else {(n, c.shell()) for n, c in changes}
 
-    def cancel(self) -> None:
-        """Stop before the next change (what runs detached on the nodes keeps running; --resume)."""
+    def cancel(self, why: str = "") -> None:
+        """Stop before the next change (what runs detached on the nodes keeps running; --resume).
+        ``why``: the reason the run then says, when it is not the operator's (the cluster's lock
+        was taken over)."""
         self.cancelled = True
+        self.stop_reason = why or self.stop_reason
+
+    def _stopped(self, fix: str) -> StepFailed:
+        return StepFailed(self.stop_reason or "stopped by the operator", fix)
 
     # ---- nodes ------------------------------------------------------------------------------
     @property
@@ -194,7 +207,7 @@ class Runner:
         text = cmd.shell()
         start = time.monotonic()
         try:
-            return await self.transport(node).run(cmd, timeout=timeout)
+            return await self.transport(node).run(cmd, timeout=timeout, input=cmd.stdin)
         except TransportError as exc:
             return CommandResult(text, None, "", exc.message, time.monotonic() - start)
 
@@ -222,7 +235,7 @@ class Runner:
             self._recorded.append((node, cmd))
             return CommandResult(text, 0, "", "", 0.0)
         if self.cancelled:
-            raise StepFailed("stopped by the operator", "resume when ready (what ran detached keeps running)")
+            raise self._stopped("resume when ready (what ran detached keeps running)")
         if self.read_only:
             raise ReadOnlyError(f"read-only: {cmd.summary or text} on {node} refused")
         if self._confirmed is not None and (node, text) not in self._confirmed:
@@ -232,16 +245,64 @@ class Runner:
             self._confirmed.add((node, text))
         self.emit(CommandEvent(self.step, node, text, None, cmd.summary, True))
         res = await self._send(node, cmd, timeout or self.settings.command_timeout_s)
-        if self.journal is not None:
-            self.journal.record(node=node, command=text, summary=cmd.summary, exit_code=res.exit_status,
-                                duration_s=res.duration_s, error=None if res.ok else _tail(res),
-                                deployment=self.state.id, step=self.step)
+        # sent: what it did is kept before anything may fail. The state first (a resume must not send a
+        # finished change again), then the journal, each whatever the other did; a failure is said after
         if res.ok and key is not None:
             self.state.done_commands.append(key)
-        self.save()
+        problems: list[str] = []
+        try:
+            self.save()
+        except UserError as exc:
+            problems.append(exc.message)
+        problems += self._journal_change(node, cmd, res, self.step, saved=not problems)
         self.emit(CommandEvent(self.step, node, text, _rc(res), cmd.summary, True, round(res.duration_s, 3),
                                "" if res.ok else _tail(res)))
+        if problems:
+            raise UserError("; ".join(problems), exit_code=1)
         return res
+
+    async def housekeeping(self, node: str, cmd: RemoteCommand, *, quiet: bool = False, step: str = "lock",
+                           timeout: float | None = None) -> CommandResult:
+        """A change the console makes for itself, outside the steps: the cluster's lock on the head
+        (:mod:`sparkconsole.deploy.head_lock`). Refused read-only, shown and journaled (under ``step``)
+        like every change; ``quiet``: neither, for the lock's refresh (a beat file rewritten every
+        minute while the lock, whose take and release are journaled, is held: shown, it would fill
+        the screen and the journal with one line a minute). Unlike a step's change it is never
+        recorded by a rehearsal running meanwhile (the refresh runs beside the steps), never refused
+        after a stop (a lock is released however the run ends), and saves no state (a refused
+        opening leaves no deployment behind). A journal that cannot take it is raised, in one line,
+        after the command was sent."""
+        if self.read_only:
+            raise ReadOnlyError(f"read-only: {cmd.summary or cmd.shell()} on {node} refused")
+        text = cmd.shell()
+        if not quiet:
+            self.emit(CommandEvent(step, node, text, None, cmd.summary, True))
+        res = await self._send(node, cmd, timeout or self.settings.command_timeout_s)
+        if quiet:
+            return res
+        problems = self._journal_change(node, cmd, res, step, saved=None)
+        self.emit(CommandEvent(step, node, text, _rc(res), cmd.summary, True, round(res.duration_s, 3),
+                               "" if res.ok else _tail(res)))
+        if problems:
+            raise UserError("; ".join(problems), exit_code=1)
+        return res
+
+    def _journal_change(self, node: str, cmd: RemoteCommand, res: CommandResult, step: str,
+                        saved: bool | None) -> list[str]:
+        """Journal a sent change; what went wrong, in words (``saved``: whether the state was saved
+        just before, None where no state is kept), for the caller to raise once all is kept."""
+        if self.journal is None:
+            return []
+        try:
+            self.journal.record(node=node, command=cmd.shell(), summary=cmd.summary, exit_code=res.exit_status,
+                                duration_s=res.duration_s, error=None if res.ok else _tail(res),
+                                deployment=self.state.id, step=step)
+        except UserError as exc:
+            what = cmd.summary or "a change"
+            done = f"exit {res.exit_status}" if res.exit_status is not None else "no answer"
+            kept = ("; the deployment's state was saved" if saved else "") if saved is not None else ""
+            return [f"{exc.message}: it missed {what} on {node} ({done}){kept}; free some disk, then --resume"]
+        return []
 
     async def on_all(self, nodes: Sequence[str], fn: Callable[[str], Awaitable[Any]]) -> list[Any]:
         """``fn(node)`` on every node at once (one slow node never holds the others up)."""
@@ -346,8 +407,7 @@ class Runner:
         silent_since: float | None = None
         while True:
             if self.cancelled:
-                raise StepFailed("stopped by the operator", f"the job keeps running on {job.node}; --resume "
-                                 "re-attaches to it")
+                raise self._stopped(f"the job keeps running on {job.node}; --resume re-attaches to it")
             if time.monotonic() - begun > limit:
                 raise StepFailed(f"{job.what or 'a job'} on {job.node} has not ended after "
                                  f"{_duration(limit * self.settings.speed)}",
@@ -378,16 +438,21 @@ class Runner:
             await asyncio.sleep(self.settings.poll_s)
 
     def _journal_job_end(self, job: Job, rc: int, log_tail: str) -> None:
-        """The journal says how a detached job ended, not only that it was started."""
+        """The journal says how a detached job ended, not only that it was started (a journal that
+        cannot take it: one line, raised; the job's end is read again on --resume)."""
         if self.journal is None:
             return
         tail = log_tail.strip().replace("\r", "\n").splitlines()[-1:] if rc != 0 else []
-        self.journal.record(node=job.node, command=f"(detached job, pid {job.pid}) {job.what}",
-                            summary=f"{job.what}: ended" if rc >= 0 else f"{job.what}: gone without an exit code",
-                            exit_code=None if rc < 0 else rc,
-                            duration_s=time.time() - job.started if job.started else None,
-                            error=(tail[0] if tail else None) if rc != 0 else None,
-                            deployment=self.state.id, step=self.step)
+        try:
+            self.journal.record(node=job.node, command=f"(detached job, pid {job.pid}) {job.what}",
+                                summary=f"{job.what}: ended" if rc >= 0 else f"{job.what}: gone without an exit code",
+                                exit_code=None if rc < 0 else rc,
+                                duration_s=time.time() - job.started if job.started else None,
+                                error=(tail[0] if tail else None) if rc != 0 else None,
+                                deployment=self.state.id, step=self.step)
+        except UserError as exc:
+            raise UserError(f"{exc.message}: it missed the end of {job.what or 'a job'} on {job.node}; free some "
+                            "disk, then --resume", exit_code=1) from None
 
     async def stop_job(self, job: Job) -> bool:
         """Stop ``job`` if it still runs (the pid checked against its identity first: never a stranger's

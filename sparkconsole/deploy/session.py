@@ -4,7 +4,9 @@
 step, a success), ``--plan-only`` (decide with the given answerer and print the changes each step's ``send``
 would make, found by running it without sending: the very commands a real run sends), resume (steps already ``done`` are skipped without being
 probed again; a step that was ``running`` is re-entered and its jobs re-attached), and
-:class:`GoTo` (back to an earlier step, at most a few times).
+:class:`GoTo` (back to an earlier step, at most a few times). However the walk (or a teardown)
+ends, the cluster's lock on the head is released before the result is said (the session's close
+would release it too, but after the result: its shown release would come last).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkconsole.deploy.decisions import DecisionStop
-from sparkconsole.deploy.events import Event, ResultEvent
+from sparkconsole.deploy.events import Event, NoteEvent, ResultEvent
 from sparkconsole.deploy.flow import Flow
 from sparkconsole.deploy.runner import GoTo, StepFailed
 from sparkconsole.deploy.steps import STEP_IDS, Step
@@ -41,6 +43,21 @@ async def run_flow(flow: Flow, *, until: str | None = None,
                    on_plan: Callable[[str, str, list[tuple[str, RemoteCommand]]], None] | None = None) -> Outcome:
     """Walk the steps. ``on_plan(step, title, commands)`` receives each step's planned commands
     (``--plan-only``: only that, nothing applied)."""
+    try:
+        return await _walk(flow, until, on_plan)
+    finally:
+        await _let_go(flow)
+
+
+async def _let_go(flow: Flow) -> None:
+    """The run is over: the cluster's lock on the head goes (a run that took none has none)."""
+    lock = flow.runner.head_lock
+    if lock is not None:
+        await lock.release()
+
+
+async def _walk(flow: Flow, until: str | None,
+                on_plan: Callable[[str, str, list[tuple[str, RemoteCommand]]], None] | None) -> Outcome:
     r = flow.runner
     if until is not None and until not in STEP_IDS:
         raise UserError(f"--until: no step {until!r} (steps: {', '.join(STEP_IDS)})")
@@ -84,9 +101,23 @@ async def run_flow(flow: Flow, *, until: str | None = None,
             return Outcome(True, _result(flow, True, f"stopped after {step.id}, as asked (--until)"), step.id)
         i += 1
     if r.plan_only:
+        _say_what_plan_only_cannot_know(flow)
         return Outcome(True, _result(flow, True, "plan only: nothing was changed"), None)
     ok = r.state.result == "served"
     return Outcome(ok, _result(flow, ok, "served and verified" if ok else "not served"), None)
+
+
+PLAN_ONLY_UNKNOWN = ("plan only: the plan stands on what the nodes show now; a later step's reading can "
+                     "change it (the caches step re-plans --gpu-memory-utilization when page cache only root "
+                     "can drop stays; the canary can fail an image and another is chosen). "
+                     "`sparkconsole deploy --rehearse` walks every step on a twin of the cluster and shows it")
+
+
+def _say_what_plan_only_cannot_know(flow: Flow) -> None:
+    """The last word of a plan-only run: what it could not know (it sends nothing, so no later
+    step reads the nodes as a real run would), and where that is shown."""
+    r = flow.runner
+    r.emit(NoteEvent(r.step or flow.steps[-1].id, PLAN_ONLY_UNKNOWN, "info"))  # under the last step walked
 
 
 def _step_event(step: str, state: str, note: str) -> Event:
@@ -116,6 +147,14 @@ async def _run_step(flow: Flow, step: Step, on_plan) -> None:
 
 
 async def run_teardown(flow: Flow) -> Outcome:
+    """Remove what the deployment started (:class:`Teardown`); the lock on the head goes after."""
+    try:
+        return await _tear_down(flow)
+    finally:
+        await _let_go(flow)
+
+
+async def _tear_down(flow: Flow) -> Outcome:
     r = flow.runner
     td = Teardown(flow)
     try:

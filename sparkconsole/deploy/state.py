@@ -2,7 +2,9 @@
 
 One JSON file per deployment under ``state_dir()/deployments/<id>.json`` (mode 0600), replaced
 atomically (write a temporary file, ``fsync``, ``rename``) so a ``kill -9`` mid-write leaves the
-previous version whole. It holds the options, the answers, what recon read, each step's state,
+previous version whole. The folder is private (:func:`~sparkconsole.durable.private_dir`: 0700, the
+user's own, written by nobody else) and no record in it is followed through a symbolic link: a
+``--resume`` acts on what the state names, so a state someone else could plant is refused. It holds the options, the answers, what recon read, each step's state,
 the detached jobs (node, pid, files), the containers this deployment started (by id, so teardown
 touches nothing else) and the services it stopped (so teardown can offer them back). Secrets are
 never in it: the wizard never reads a token, and every string passes :func:`journal.redact`
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -23,7 +26,7 @@ from typing import Any
 
 from sparkconsole.config import state_dir
 from sparkconsole.deploy.deployment_plan import DeploymentPlan
-from sparkconsole.durable import file_name_for, replace_file
+from sparkconsole.durable import file_name_for, private_dir, read_private, replace_file, why
 from sparkconsole.errors import UserError
 from sparkconsole.journal import redact
 from sparkconsole.remote import JobFiles
@@ -157,21 +160,42 @@ class StateStore:
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         self.root = Path(root) if root is not None else state_dir() / "deployments"
+        self._base = None if root is not None else state_dir()  # the state folder: private too
 
     def path(self, ident: str) -> Path:
-        return self.root / f"{ident}.json"
+        return self.root / f"{_checked_id(ident)}.json"
+
+    def check(self) -> Path:
+        """The folder made private (0700) or refused in one line (another user's, or one others may
+        write): before a deployment is opened, so nothing is sent to a node from a folder that is not
+        the user's own."""
+        if self._base is not None:
+            private_dir(self._base)
+        return private_dir(self.root, "deployments folder")
 
     def save(self, st: DeploymentState) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Write ``st`` whole (or raise :class:`StateNotSaved`, the last good file kept), then point
+        this cluster's ``latest`` at it. Neither file is ever followed through a symbolic link: one
+        found where ``latest`` should be is refused (after the state itself was saved)."""
+        self.check()
         target = self.path(st.id)
         data = json.dumps(st.to_json(), indent=1, sort_keys=True).encode()
         try:
             replace_file(target, data)  # every byte or an error: a short write never replaces a good state
         except OSError as exc:
             kept = f"the last saved one is kept at {target}" if target.exists() else "none was saved before"
-            raise StateNotSaved(f"the deployment state could not be saved ({exc.strerror or exc}): {kept}; "
+            raise StateNotSaved(f"the deployment state could not be saved ({why(exc)}): {kept}; "
                                 "free some disk and --resume") from None
-        self._latest_file(st.cluster).write_text(st.id + "\n")
+        latest = self._latest_file(st.cluster)
+        if latest.is_symlink():
+            raise StateNotSaved(f"the deployment state was saved at {target}, but {latest} is a symbolic link "
+                                "(refused: the state folder's files are never followed elsewhere); remove it, "
+                                "then --resume")
+        try:
+            replace_file(latest, (st.id + "\n").encode())
+        except OSError as exc:
+            raise StateNotSaved(f"the deployment state was saved at {target}, but {latest} could not be written "
+                                f"({why(exc)}); free some disk and --resume {st.id}") from None
         return target
 
     def _latest_file(self, cluster: str) -> Path:
@@ -182,8 +206,8 @@ class StateStore:
     def saved(self) -> Iterator[DeploymentState]:
         """Every deployment saved here that can be read (an unreadable file is passed over)."""
         for path in self.root.glob("*.json"):
-            try:
-                yield DeploymentState.from_json(json.loads(path.read_text()))
+            try:  # a symbolic link is passed over like an unreadable file: never followed
+                yield DeploymentState.from_json(json.loads(read_private(path)))
             except (OSError, ValueError, UserError):
                 continue
 
@@ -191,18 +215,27 @@ class StateStore:
         """A saved deployment; ``None``: the latest one on ``cluster``. With ``cluster``, a deployment
         made on another cluster is refused (its containers, jobs and stopped services are another
         cluster's names: acting on them here would remove what this deployment never started)."""
+        for folder in (self._base, self.root):  # a state another user could have written is never acted on
+            if folder is not None and folder.exists():
+                private_dir(folder, "state folder" if folder == self._base else "deployments folder")
         if ident is None:
             if cluster is None:
                 raise UserError("which cluster's latest deployment? (internal: load(None) needs a cluster)")
+            latest = self._latest_file(cluster)
             try:
-                ident = self._latest_file(cluster).read_text().strip()
+                ident = read_private(latest, 4096).strip()
             except FileNotFoundError:
                 raise UserError(f"no deployment to resume on cluster {cluster!r}: none was started from this "
                                 "machine") from None
+            except OSError as exc:
+                raise UserError(f"cannot read {latest}: {why(exc)}") from None
+        path = self.path(ident)
         try:
-            data = json.loads(self.path(ident).read_text())
+            data = json.loads(read_private(path))
         except FileNotFoundError:
             raise UserError(f"no deployment {ident!r} in {self.root}") from None
+        except OSError as exc:
+            raise UserError(f"cannot read deployment {ident!r} ({path}): {why(exc)}") from None
         except ValueError as exc:
             raise UserError(f"deployment {ident!r}: state file is not JSON ({exc})") from None
         st = DeploymentState.from_json(data)
@@ -210,3 +243,14 @@ class StateStore:
             raise UserError(f"deployment {st.id} was made on cluster {st.cluster!r}, not on {cluster!r}: "
                             f"run it with that cluster's inventory (--config)")
         return st
+
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _checked_id(ident: str) -> str:
+    """A deployment id as a file name: ``--resume ../x`` or a planted ``latest`` never names a file
+    outside the folder."""
+    if not _ID.fullmatch(ident):
+        raise UserError(f"not a deployment id: {ident!r}")
+    return ident

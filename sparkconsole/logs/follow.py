@@ -8,7 +8,12 @@
 - :class:`StreamDropped` when the stream ends or fails (the container stopped or restarted, the
   remote ``docker logs`` was killed, the SSH connection broke), with the reason and the wait;
 - :class:`Reattached` once a new stream is up again (its first line came, or it stayed open for
-  ``settle_s``).
+  ``settle_s``);
+- :class:`LinesDropped` where lines were dropped unread: a log printed faster than its reader takes
+  it fills the follower's queue (``max_queued`` lines), and past that its oldest lines go, counted.
+
+Every line is cut to :data:`MAX_LINE_CHARS` as it is read (a line that never ends costs that much,
+not the console's memory), so what a follower holds is bounded in lines and in characters.
 
 Re-attaching waits by ``backoff`` (reset once a stream is up again) and asks only for what was not
 seen: ``--since <last timestamp> --tail all``; lines at or before the last timestamp that were
@@ -33,11 +38,13 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from sparkconsole.errors import TransportError
 from sparkconsole.remote import docker_logs, journalctl_follow, validate_container, validate_unit
 from sparkconsole.transport.base import CommandLike, Transport
+
+_Q = TypeVar("_Q")
 
 # ---- events -------------------------------------------------------------------------------
 
@@ -74,7 +81,90 @@ class Reattached:
     since: str | None = None  # the ``--since`` it re-attached with, if any
 
 
-FollowEvent = LogLine | StreamDropped | Reattached
+@dataclass(frozen=True)
+class LinesDropped:
+    """``count`` lines were dropped here, unread: the log came faster than its reader took it."""
+
+    count: int
+    source: str = ""
+
+
+FollowEvent = LogLine | StreamDropped | Reattached | LinesDropped
+
+# ---- bounds -------------------------------------------------------------------------------
+
+MAX_LINE_CHARS = 16_384
+"""The longest line kept; a longer one is cut (:func:`cap_line`)."""
+MAX_QUEUED = 5_000
+"""Lines a follower holds for its reader; past that the oldest are dropped and counted."""
+
+
+def cap_line(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters (a line that never ends must not fill memory).
+    A line of progress updates (tqdm's ``\\r``) keeps its start and its newest update, which is
+    what a terminal shows and what the vLLM panel reads; any other line keeps its start."""
+    if len(text) <= limit:
+        return text
+    last = text.rfind("\r")
+    if last > 0 and len(text) - last <= limit // 2:
+        return text[: limit - (len(text) - last)] + text[last:]
+    return text[:limit]
+
+
+class DroppingQueue(Generic[_Q]):
+    """A first-in first-out queue between a producer that must never wait (a stream being read)
+    and a reader that may be slower: it holds at most ``maxlen`` droppable items, and a new one
+    beyond that drops the oldest. ``weight`` says how many lines an item stands for (0: it is
+    never dropped, such as the end of a stream). :meth:`get` gives each item with the lines
+    dropped just before it, so the reader can say where the gap is and how wide."""
+
+    def __init__(self, maxlen: int, weight: Callable[[_Q], int]) -> None:
+        if maxlen < 1:
+            raise ValueError("maxlen must be at least 1")
+        self.maxlen = maxlen
+        self.weight = weight
+        self.dropped = 0  # lines dropped so far
+        self._items: deque[list[Any]] = deque()  # [lines dropped just before, item]
+        self._droppable = 0
+        self._carry = 0  # dropped after the last item held: counted before the next one
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: _Q) -> None:
+        self._items.append([self._carry, item])
+        self._carry = 0
+        if self.weight(item):
+            self._droppable += 1
+            while self._droppable > self.maxlen:
+                self._drop_oldest()
+        self._ready.set()
+
+    def _drop_oldest(self) -> None:
+        for i, entry in enumerate(self._items):
+            lines = self.weight(entry[1])
+            if not lines:
+                continue
+            del self._items[i]
+            self._droppable -= 1
+            self.dropped += lines
+            if i < len(self._items):
+                self._items[i][0] += entry[0] + lines
+            else:
+                self._carry += entry[0] + lines
+            return
+
+    async def get(self) -> tuple[int, _Q]:
+        """``(lines dropped just before it, the next item)``, waiting for one."""
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        gap, item = self._items.popleft()
+        if self.weight(item):
+            self._droppable -= 1
+        return gap, item
+
 
 # ---- timestamps ---------------------------------------------------------------------------
 
@@ -147,6 +237,7 @@ class LogFollower:
         source: str = "",
         settle_s: float = 1.0,
         max_drops: int | None = None,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
         self.transport = transport
         self.command_factory = command_factory
@@ -157,6 +248,9 @@ class LogFollower:
         self.source = source
         self.settle_s = settle_s
         self.max_drops = max_drops  # stop after this many drops in a row (None: never)
+        self.max_queued = max_queued  # lines held for a slower reader before the oldest go
+        self.lines_dropped = 0  # lines dropped unread so far (reported as LinesDropped)
+        self._queue: DroppingQueue[tuple[str, str]] | None = None  # the current stream's
         self.last_timestamp: str | None = None
         self.lines_delivered = 0
         self.drops = 0
@@ -165,6 +259,11 @@ class LogFollower:
         self._at_last: set[str] = set()
         self._closed = False
         self._iter: AsyncIterator[FollowEvent] | None = None
+
+    @property
+    def queued(self) -> int:
+        """Lines (and a stream's end) read from the stream and not yet given out."""
+        return len(self._queue) if self._queue is not None else 0
 
     def __aiter__(self) -> AsyncIterator[FollowEvent]:
         if self._iter is None:
@@ -209,7 +308,8 @@ class LogFollower:
             cmd = self._next_command(reattach)
             self.commands.append(cmd if isinstance(cmd, str) else cmd.shell())
             since = self.last_timestamp if reattach and self.lines_delivered else None
-            queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+            queue: DroppingQueue[tuple[str, str]] = DroppingQueue(self.max_queued, _line_weight)
+            self._queue = queue
             pump = asyncio.create_task(self._pump(cmd, queue))
             waiting_up = reattach  # a Reattached is owed once this stream proves to be up
             replaying = reattach and self._last_key is not None
@@ -219,19 +319,22 @@ class LogFollower:
                 while True:
                     timeout = max(0.0, up_at - self.clock()) if waiting_up else None
                     try:
-                        kind, value = await asyncio.wait_for(queue.get(), timeout)
+                        gap, (kind, value) = await asyncio.wait_for(queue.get(), timeout)
                     except TimeoutError:
                         waiting_up = False
                         consecutive = 0
                         yield Reattached(source=self.source, since=since)
                         continue
-                    if kind != "line":
-                        reason = value
-                        break
-                    if waiting_up:
+                    if waiting_up and kind == "line":
                         waiting_up = False
                         consecutive = 0
                         yield Reattached(source=self.source, since=since)
+                    if gap:
+                        self.lines_dropped += gap
+                        yield LinesDropped(gap, source=self.source)
+                    if kind != "line":
+                        reason = value
+                        break
                     event, replaying = self._accept(value, replaying)
                     if event is not None:
                         consecutive = 0
@@ -251,23 +354,30 @@ class LogFollower:
             await self.sleep(delay)
             reattach = True
 
-    async def _pump(self, cmd: CommandLike, queue: asyncio.Queue[tuple[str, str]]) -> None:
+    async def _pump(self, cmd: CommandLike, queue: DroppingQueue[tuple[str, str]]) -> None:
+        """The stream's lines into ``queue`` as fast as they come, each cut to its bound; the
+        queue, not this, drops lines the reader has not taken in time."""
         stream = self.transport.stream(cmd)
         try:
             async for line in stream:
-                queue.put_nowait(("line", line))
-            queue.put_nowait(("end", "stream ended (the log's command exited)"))
+                queue.put(("line", cap_line(line)))
+            queue.put(("end", "stream ended (the log's command exited)"))
         except TransportError as exc:
-            queue.put_nowait(("end", exc.message))
+            queue.put(("end", exc.message))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # an unexpected transport failure must not kill the follower
-            queue.put_nowait(("end", f"{type(exc).__name__}: {exc}"))
+            queue.put(("end", f"{type(exc).__name__}: {exc}"))
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(BaseException):
                     await aclose()
+
+
+def _line_weight(item: tuple[str, str]) -> int:
+    """A stream's line may be dropped; its end never."""
+    return 1 if item[0] == "line" else 0
 
 
 # ---- merging ------------------------------------------------------------------------------
@@ -290,42 +400,71 @@ def merge_lines(*streams: Iterable[LogLine]) -> list[LogLine]:
     return [row[2] for row in heapq.merge(*keyed)]
 
 
+def _event_weight(item: tuple[int, FollowEvent | None]) -> int:
+    """The lines a merged item stands for: a line one, a gap its count; the rest is never dropped."""
+    event = item[1]
+    if isinstance(event, LogLine):
+        return 1
+    return event.count if isinstance(event, LinesDropped) else 0
+
+
 async def merge_by_time(
     streams: Iterable[AsyncIterable[FollowEvent]],
     *,
     window: float = 0.3,
     clock: Callable[[], float] = time.monotonic,
+    max_queued: int = MAX_QUEUED,
 ) -> AsyncIterator[FollowEvent]:
     """Live merge of several followers: lines are held ``window`` seconds and released in
     docker-timestamp order, so head and worker lines interleave by when they were printed.
-    Drops and re-attaches pass straight through. Ends when every stream has ended."""
-    queue: asyncio.Queue[tuple[int, FollowEvent | None]] = asyncio.Queue()
+    Drops and re-attaches pass straight through. Ends when every stream has ended. At most
+    ``max_queued`` lines wait for the reader (the oldest are dropped and reported as
+    :class:`LinesDropped`) and as many are held for ordering (past that the oldest go out early)."""
+    queue: DroppingQueue[tuple[int, FollowEvent | None]] = DroppingQueue(max_queued, _event_weight)
     sources = list(streams)
 
     async def pump(i: int, stream: AsyncIterable[FollowEvent]) -> None:
         try:
             async for event in stream:
-                queue.put_nowait((i, event))
+                queue.put((i, event))
         finally:
-            queue.put_nowait((i, None))
+            queue.put((i, None))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(sources)]
     held: list[tuple[int, int, float, LogLine]] = []
+    # arrival order of the held lines (arrival times grow with seq): the oldest one still held is
+    # the first whose seq was not released, so "is any line due" costs no pass over ``held``
+    arrivals: deque[tuple[float, int]] = deque()
+    released: set[int] = set()
     last_key: dict[int, int] = {}
     seq = 0
     alive = len(tasks)
+
+    def oldest_arrival() -> float | None:
+        while arrivals and arrivals[0][1] in released:
+            released.discard(arrivals.popleft()[1])
+        return arrivals[0][0] if arrivals else None
+
+    def release() -> LogLine:
+        _key, done, _at, line = heapq.heappop(held)
+        released.add(done)
+        return line
+
     try:
         while alive or held:
             timeout = None
-            if held:
-                oldest = min(h[2] for h in held)
+            oldest = oldest_arrival()
+            if oldest is not None:
                 timeout = max(0.0, oldest + window - clock())
             item: tuple[int, FollowEvent | None] | None = None
             if alive:
                 try:
-                    item = await asyncio.wait_for(queue.get(), timeout)
+                    gap, item = await asyncio.wait_for(queue.get(), timeout)
                 except TimeoutError:
                     item = None
+                else:
+                    if gap:
+                        yield LinesDropped(gap)
             if item is not None:
                 i, event = item
                 if event is None:
@@ -334,16 +473,22 @@ async def merge_by_time(
                     key = event.sort_key
                     key = key if key is not None else last_key.get(i, 0)
                     last_key[i] = key
-                    heapq.heappush(held, (key, seq, clock(), event))
+                    at = clock()
+                    heapq.heappush(held, (key, seq, at, event))
+                    arrivals.append((at, seq))
                     seq += 1
                 else:
                     yield event
             now = clock()
             flush_all = not alive
-            while held and (flush_all or any(h[2] + window <= now for h in held)):
+            while len(held) > max_queued:  # a flood: the earliest go out now, in order
+                yield release()
+            while held:
+                oldest = oldest_arrival()
+                if not flush_all and (oldest is None or oldest + window > now):
+                    break
                 # release in key order everything up to the newest line that is due
-                _key, _seq, _at, line = heapq.heappop(held)
-                yield line
+                yield release()
     finally:
         for t in tasks:
             t.cancel()
@@ -359,11 +504,25 @@ ERROR_PATTERN = re.compile(
 )
 
 
+GAP_PREFIX = "──── … "
+
+
+def gap_text(count: int, source: str = "") -> str:
+    """The line that stands where ``count`` lines were dropped unread."""
+    whose = f" of {source}" if source else ""
+    lines = f"{count:,} line{'' if count == 1 else 's'}{whose}"
+    return f"{GAP_PREFIX}{lines} dropped (log faster than the view) ────"
+
+
 @dataclass(frozen=True)
 class BufferLine:
+    """A line of the log (``line``), or one the console put there: a ``marker`` the user dropped,
+    a ``gap`` where lines were dropped unread. Only log lines are searched; the others pass any
+    filter."""
+
     text: str
     source: str = ""
-    kind: Literal["line", "marker"] = "line"
+    kind: Literal["line", "marker", "gap"] = "line"
     timestamp: str | None = None
 
     @property
@@ -477,6 +636,7 @@ class LogBuffer:
         self._lines: deque[BufferLine] = deque(maxlen=max_lines)
         self.dropped = 0  # lines pushed out at the top so far
         self.markers = 0
+        self.gaps = 0  # gap lines added (where lines were dropped unread)
 
     def __len__(self) -> int:
         return len(self._lines)
@@ -506,6 +666,11 @@ class LogBuffer:
         stamp = (when or datetime.now()).strftime("%H:%M:%S")
         text = f"──── mark {self.markers} · {stamp}{' · ' + label if label else ''} ────"
         return self._push(BufferLine(text, kind="marker"))
+
+    def add_gap(self, count: int, source: str = "") -> BufferLine:
+        """A line that says ``count`` lines were dropped here, unread (a log faster than the view)."""
+        self.gaps += 1
+        return self._push(BufferLine(gap_text(count, display_text(source)), kind="gap"))
 
     def clear(self) -> None:
         self._lines.clear()
@@ -545,7 +710,7 @@ class LogBuffer:
         if not pattern:
             return list(range(len(self._lines)))
         rx = compile_pattern(pattern)
-        return [i for i, ln in enumerate(self._lines) if ln.kind == "marker" or rx.search(ln.display)]
+        return [i for i, ln in enumerate(self._lines) if ln.kind != "line" or rx.search(ln.display)]
 
     def filtered(self, pattern: str) -> list[BufferLine]:
         return [self._lines[i] for i in self.matches(pattern)]

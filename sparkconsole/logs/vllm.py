@@ -38,6 +38,7 @@ report and counts ``restarts`` — ``docker logs -f`` of a restarting container 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -95,6 +96,13 @@ CONTRACT_KEYS: tuple[str, ...] = (
 
 _MAX_LINE = 65536  # longer physical lines are cut before matching (never raise, stay linear)
 _WRAP_MIN = 70  # a bare line after a physical line at least this long may be its hard-wrapped tail
+# A hard-wrapped record is matched joined to the lines before it. Any long plain-text log (an
+# nginx access log: every line long, none with a level) would otherwise grow one joined text
+# without end and run every rule over it again for each line: quadratic. A joined record holds at
+# most this many physical lines and this many characters; past either the next line starts anew,
+# so each line costs the rules at most a bounded text (a real wrap is two to four lines).
+_MAX_JOIN_LINES = 4
+_MAX_JOIN_CHARS = 8192
 
 # --------------------------------------------------------------------------------------------
 # Envelope: ANSI, prefixes, suffixes, the vLLM record itself
@@ -217,7 +225,10 @@ _FRAME = re.compile(r'^File "[^"]+", line \d+')
 _SOURCE_LINE = re.compile(r"^(?:raise\b|File \"|[\^~]+$|except\b|if\b|return\b|self\.|assert\b)")
 
 # Failure signatures (research §2). Order matters within a line: the first that matches names it.
-_KIND_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+# Each comes with words, in lower case, one of which every line it matches holds: ``in`` on the
+# lowered line rules most lines out for a fraction of what a search costs (the case-blind
+# alternations cost more than all the other patterns together on a long line).
+_KIND_SIGNATURES: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
     (
         "oom",
         re.compile(
@@ -230,6 +241,7 @@ _KIND_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"\bout of memory\b",
             re.I,
         ),
+        ("memory", "max seq len", "stored in kv cache", "on startup is less than"),
     ),
     (
         "unsupported_architecture",
@@ -238,6 +250,7 @@ _KIND_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"Error in inspecting model architecture|"
             r"Transformers does not recognize this architecture"
         ),
+        ("model architecture", "transformers does not recognize"),
     ),
     (
         "nccl",
@@ -248,6 +261,7 @@ _KIND_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"connectFullMesh failed",
             re.I,
         ),
+        ("nccl", "watchdog", "diststoreerror", "distnetworkerror", "connectfullmesh"),
     ),
     (
         "ray",
@@ -255,18 +269,31 @@ _KIND_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"Cannot provide a placement group|Current node has no GPU available|"
             r"The actor died unexpectedly|RayActorError|ActorDiedError|ActorUnavailableError"
         ),
+        ("placement group", "no gpu available", "actor"),
     ),
     (
         "other",
         re.compile(
             r"SafetensorError|nvidia-container-cli: initialization error|Failed to initialize NVML|"
-            r"CUDA error: operation not permitted|no kernel image is available|"
+            r"CUDA error: operation not permitted|no kernel image is available|RuntimeError: Error Internal|"
             r"current platform None does not support|No CUDA GPUs are available|"
             r"CUDA driver version is insufficient|Could not load any common_ops library"
+        ),
+        (
+            "safetensorerror",
+            "nvidia-container-cli",
+            "nvml",
+            "operation not permitted",
+            "no kernel image",
+            "platform none",
+            "no cuda gpus",
+            "cuda driver version",
+            "common_ops",
         ),
     ),
 )
 # Symptoms: they mean "failed", but the root cause is elsewhere (usually printed just after).
+_GENERIC_FATAL_WORDS = ("ngine", "orker", "Error executing")  # one is in every line it matches
 _GENERIC_FATAL = re.compile(
     r"EngineCore failed to start|Engine core initialization failed|EngineCore encountered a fatal error|"
     r"EngineDeadError|Error executing method|WorkerProc failed to start|Engine process failed to start|"
@@ -278,6 +305,7 @@ _FATAL_AFTER_READY = re.compile(
 )
 # Python's warnings module: "path.py:N: UserWarning: ..." then the source line "  warnings.warn("
 _PY_WARNING = re.compile(r"^(?:\S*\.py:\d+:\s+)?(?:[\w.]+\.)?\w*Warning:|^warnings\.warn\(|^warn\(")
+_PY_WARNING_WORDS = ("arn",)  # "Warning:", "warn("
 
 _NOT_FAILURE_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
 
@@ -411,6 +439,15 @@ def _seconds_per_it(rate: str | None) -> float | None:
     return 1.0 / value if value > 0 else None
 
 
+def _holds(text: str, words: tuple[str, ...]) -> bool:
+    """Whether ``text`` holds one of ``words`` (no words: no screen, always true). Every screen of
+    the tracker goes through here, so that a test can turn them all off and compare."""
+    for word in words:  # a loop: any() over a generator costs twice this, for every rule of every line
+        if word in text:
+            return True
+    return not words
+
+
 def _strip_ansi(text: str) -> str:
     if "\x1b" in text:
         text = _ANSI.sub("", text)
@@ -426,8 +463,10 @@ class _Prefixes:
     ip: str | None
 
 
+@functools.lru_cache(maxsize=4)
 def _prefix_end(text: str) -> tuple[int, bool, str | None]:
-    """Where the outer prefixes end (stacked, any order), whether one was a process tag, its ip."""
+    """Where the outer prefixes end (stacked, any order), whether one was a process tag, its ip.
+    Kept for the last few texts: a record is split from its line and then stripped, both asking."""
     has_process = False
     ip: str | None = None
     pos = 0
@@ -560,7 +599,10 @@ class LineRule:
     applies, as alternatives of one statement would. ``when`` is a check on the line that must
     also hold (a cheap guard, or a condition a pattern cannot express). ``seen`` marks the log as
     a vLLM log; ``loading`` means the line proves weight loading has begun (state ``loading``).
-    ``writes`` lists the fields the handler fills, so the table names every field a line feeds."""
+    ``writes`` lists the fields the handler fills, so the table names every field a line feeds.
+    ``needs`` are words one of which every line the pattern matches holds: a screen that rules a
+    line out with ``in`` before any search (most lines of a log are no rule's), which keeps the
+    cost of a line low enough to follow a busy engine and to read a long log whole."""
 
     pattern: re.Pattern[str]
     phase: str | None = None
@@ -572,6 +614,7 @@ class LineRule:
     when: Callable[[_Line], bool] | None = None
     handler: Callable[[VllmLogTracker, re.Match[str], _Line], None] | None = None
     writes: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -607,6 +650,7 @@ class VllmLogTracker:
         self._line_no = 0
         self._restarts = 0
         self._prev_msg: str | None = None  # last bare/record message, for hard-wrap joins
+        self._join_lines = 0  # physical lines in ``_prev_msg`` (bounded: ``_MAX_JOIN_LINES``)
         self._prev_physical_len = 0
         self._prev_was_bar = False
         self._prev_level: str | None = None
@@ -707,7 +751,7 @@ class VllmLogTracker:
 
     def _feed_record(self, raw: str, *, allow_join: bool) -> None:
         pre = _strip_prefixes(raw)
-        rest = _REPEATED.sub("", pre.rest)
+        rest = _REPEATED.sub("", pre.rest) if _holds(pre.rest, ("[repeated ",)) else pre.rest
         ip = pre.ip
         if pre.has_process:
             self._seen = True
@@ -734,7 +778,10 @@ class VllmLogTracker:
                 level = _GLOG_LEVELS.get(level, level)
                 msg = m.group("msg")
 
-        is_bar = bool(_SHARD_BAR.search(msg) or _GRAPH_BAR.search(msg))
+        is_bar = bool(
+            (_holds(msg, ("Completed",)) and _SHARD_BAR.search(msg))
+            or (_holds(msg, ("Capturing CUDA graph",)) and _GRAPH_BAR.search(msg))
+        )
         self._handle(msg, level=level, ip=ip, has_process=pre.has_process)
 
         # hard wrap: a bare line right after a long one may be its tail
@@ -748,14 +795,18 @@ class VllmLogTracker:
             and self._prev_msg is not None
             and self._prev_physical_len >= _WRAP_MIN
             and not msg.startswith((" ", "\t"))
+            and self._join_lines < _MAX_JOIN_LINES
+            and len(self._prev_msg) + len(msg) <= _MAX_JOIN_CHARS
         ):
             whole = self._prev_msg + msg
             self._handle(whole, level=self._prev_level, ip=ip, has_process=False, rejoined=True)
             self._prev_msg = whole
+            self._join_lines += 1
             joined = True
         if not joined:
             self._prev_msg = msg
             self._prev_level = level
+            self._join_lines = 1
         self._prev_was_bar = is_bar
 
     # -- matching --------------------------------------------------------------------------
@@ -769,8 +820,12 @@ class VllmLogTracker:
             return
         line = _Line(text, level, rejoined)
         taken: list[str] = []  # either-or groups already decided on this line
-        for rule in LINE_RULES:
+        # one pass over every rule's words rules out most lines of a log (no rule's) at once
+        rules = LINE_RULES if _holds(text, _RULE_WORDS) else _UNSCREENED_RULES
+        for rule in rules:
             if rule.group is not None and rule.group in taken:
+                continue
+            if rule.needs and not _holds(text, rule.needs):
                 continue
             if rule.when is not None and not rule.when(line):
                 continue
@@ -879,7 +934,7 @@ class VllmLogTracker:
         self._track_traceback(text, msg, level)
         if level in _NOT_FAILURE_LEVELS:
             return
-        if _PY_WARNING.search(text) and not _TRACEBACK.match(text):
+        if _holds(text, _PY_WARNING_WORDS) and _PY_WARNING.search(text) and not _TRACEBACK.match(text):
             return
         if level == "ERROR" and self._level < 2 and _FRAME.match(text):
             # a frame logged at ERROR (an engine core's traceback, its header cut off)
@@ -891,8 +946,9 @@ class VllmLogTracker:
             return
         ready = self._level >= 2
 
-        for kind, pattern in _KIND_SIGNATURES:
-            if pattern.search(text):
+        lowered = text.lower()
+        for kind, pattern, words in _KIND_SIGNATURES:
+            if _holds(lowered, words) and pattern.search(text):
                 self._seen = True
                 if kind == "unsupported_architecture":
                     self._note_architectures(text)
@@ -900,7 +956,7 @@ class VllmLogTracker:
                     self._signature_other = True
                 self._fail(kind, text, ip, specific=True)
                 return
-        if _GENERIC_FATAL.search(text):
+        if _holds(text, _GENERIC_FATAL_WORDS) and _GENERIC_FATAL.search(text):
             self._seen = True
             if not ready or _FATAL_AFTER_READY.search(text):
                 self._fail("other", text, ip, specific=False)
@@ -1033,6 +1089,7 @@ LINE_RULES: tuple[LineRule, ...] = (
     # launch / version lines (a new launch after loading began is a restart)
     LineRule(
         _API_VERSION,
+        needs=("server version",),
         group=_LAUNCH,
         handler=VllmLogTracker._on_launch,
         phase=PHASE_STARTING,
@@ -1040,6 +1097,7 @@ LINE_RULES: tuple[LineRule, ...] = (
     ),
     LineRule(
         _SERVER_VERSION,
+        needs=("server version",),
         group=_LAUNCH,
         handler=VllmLogTracker._on_server_launch,
         writes=("model",),
@@ -1048,6 +1106,7 @@ LINE_RULES: tuple[LineRule, ...] = (
     ),
     LineRule(
         _BANNER_VERSION,
+        needs=("version",),
         when=_has_banner_art,
         group=_LAUNCH,
         handler=VllmLogTracker._on_launch,
@@ -1056,26 +1115,40 @@ LINE_RULES: tuple[LineRule, ...] = (
     ),
     LineRule(
         _ENGINE_VERSION,
+        needs=("LLM engine (v",),
         handler=VllmLogTracker._on_engine_version,
         writes=("model",),
         sets=(Capture("vllm_version", "v", rank=1),),
     ),
     # The >= 0.16 banner names the model once the engine for it is being built: from here the
     # operator is waiting on that model (expected.json, log 20).
-    LineRule(_BANNER_MODEL, when=_has_banner_art, loading=True, sets=(Capture("model", "m", rank=3),)),
+    LineRule(
+        _BANNER_MODEL,
+        needs=("model",),
+        when=_has_banner_art,
+        loading=True,
+        sets=(Capture("model", "m", rank=3),),
+    ),
     LineRule(_ARGS_MODEL, when=_names_args, group=_ARGS, sets=(Capture("model", ("m1", "m2"), rank=2),)),
     LineRule(_ARGS_MODEL_TAG, when=_names_args, group=_ARGS, sets=(Capture("model", "m", rank=2),)),
-    LineRule(_ARCH, sets=(Capture("architecture", "a"),)),
-    LineRule(_MAX_LEN, seen=False, sets=(Capture("max_model_len", "n", int),)),
+    LineRule(_ARCH, needs=("Resolved architecture",), sets=(Capture("architecture", "a"),)),
+    LineRule(
+        _MAX_LEN, needs=("Using max model len",), seen=False, sets=(Capture("max_model_len", "n", int),)
+    ),
     # Ray / placement group: counts as loading (the contract)
-    LineRule(_RAY_WAIT, group=_RAY, loading=True, phase=PHASE_RAY_WAIT),
-    LineRule(_RAY_CONNECT, group=_RAY),
+    LineRule(_RAY_WAIT, needs=("placement group",), group=_RAY, loading=True, phase=PHASE_RAY_WAIT),
+    LineRule(_RAY_CONNECT, needs=("Ray ", "placement group", "use_ray_spmd_worker"), group=_RAY),
     # weight loading
     LineRule(
-        _START_LOAD, loading=True, phase=PHASE_LOADING, sets=(Capture("model", "m", str.strip, rank=1),)
+        _START_LOAD,
+        needs=("Starting to load model",),
+        loading=True,
+        phase=PHASE_LOADING,
+        sets=(Capture("model", "m", str.strip, rank=1),),
     ),
     LineRule(
         _SHARD_BAR,
+        needs=("Completed",),
         loading=True,
         phase=PHASE_LOADING,
         handler=VllmLogTracker._on_shard_bar,
@@ -1089,9 +1162,15 @@ LINE_RULES: tuple[LineRule, ...] = (
             Capture("shard_seconds_per_it", "rate", _rate_seconds),
         ),
     ),
-    LineRule(_WEIGHTS_TOOK, loading=True, sets=(Capture("weights_seconds", "sec", _num),)),
+    LineRule(
+        _WEIGHTS_TOOK,
+        needs=("Loading weights took",),
+        loading=True,
+        sets=(Capture("weights_seconds", "sec", _num),),
+    ),
     LineRule(
         _MODEL_LOADING,
+        needs=("loading took", "weights took"),
         loading=True,
         sets=(
             Capture("model_load_gib", "gib", _num),
@@ -1099,30 +1178,51 @@ LINE_RULES: tuple[LineRule, ...] = (
         ),
     ),
     # compile / profile / KV cache / CUDA graphs
-    LineRule(_COMPILE, loading=True, phase=PHASE_COMPILING),
+    LineRule(_COMPILE, needs=("ompil", "Dynamo"), loading=True, phase=PHASE_COMPILING),
     LineRule(
         _COMPILE_DONE,
+        needs=("torch.compile",),
         loading=True,
         handler=VllmLogTracker._on_compile_done,
         sets=(Capture("compile_seconds", "sec", _num),),
     ),
-    LineRule(_PROFILING, loading=True, phase=PHASE_PROFILING),
+    LineRule(
+        _PROFILING, needs=("rofiling", "Estimated CUDA graph memory"), loading=True, phase=PHASE_PROFILING
+    ),
     # the KV cache's size: today's line, then 0.6's and V0's wordings of it
     *(
         LineRule(
             pattern,
+            needs=(words,),
             group=_KV_MEMORY,
             loading=True,
             phase=PHASE_KV_CACHE,
             sets=(Capture("kv_cache_gib", "gib", _num),),
         )
-        for pattern in (_KV_GIB, _KV_GIB_V06, _KV_GIB_V0)
+        for pattern, words in (
+            (_KV_GIB, "KV cache memory"),
+            (_KV_GIB_V06, "kv_cache_size="),
+            (_KV_GIB_V0, "reserved for KV Cache"),
+        )
     ),
-    LineRule(_KV_TOKENS, loading=True, phase=PHASE_KV_CACHE, sets=(Capture("kv_cache_tokens", "tok", _int),)),
-    LineRule(_CONCURRENCY, loading=True, phase=PHASE_KV_CACHE, sets=(Capture("max_concurrency", "x", _num),)),
-    LineRule(_GPU_BLOCKS, loading=True, sets=(Capture("gpu_blocks", "n", int),)),
+    LineRule(
+        _KV_TOKENS,
+        needs=("KV cache size",),
+        loading=True,
+        phase=PHASE_KV_CACHE,
+        sets=(Capture("kv_cache_tokens", "tok", _int),),
+    ),
+    LineRule(
+        _CONCURRENCY,
+        needs=("Maximum concurrency",),
+        loading=True,
+        phase=PHASE_KV_CACHE,
+        sets=(Capture("max_concurrency", "x", _num),),
+    ),
+    LineRule(_GPU_BLOCKS, needs=(" blocks: ",), loading=True, sets=(Capture("gpu_blocks", "n", int),)),
     LineRule(
         _GRAPH_BAR,
+        needs=("Capturing CUDA graph",),
         group=_GRAPHS,
         loading=True,
         phase=PHASE_CUDA_GRAPHS,
@@ -1130,10 +1230,16 @@ LINE_RULES: tuple[LineRule, ...] = (
         writes=("cuda_graph_mode",),
         sets=(Capture("cuda_graph_done", "n", int), Capture("cuda_graph_total", "total", int)),
     ),
-    LineRule(_GRAPH_START, group=_GRAPHS, loading=True, phase=PHASE_CUDA_GRAPHS),
-    LineRule(_GRAPH_DONE, loading=True, sets=(Capture("cuda_graph_seconds", "sec", _num),)),
+    LineRule(_GRAPH_START, needs=("Capturing ",), group=_GRAPHS, loading=True, phase=PHASE_CUDA_GRAPHS),
+    LineRule(
+        _GRAPH_DONE,
+        needs=("Graph capturing finished",),
+        loading=True,
+        sets=(Capture("cuda_graph_seconds", "sec", _num),),
+    ),
     LineRule(
         _INIT_ENGINE,
+        needs=("init engine",),
         loading=True,
         phase=PHASE_API_SERVER,
         sets=(Capture("init_engine_seconds", "sec", _num),),
@@ -1141,17 +1247,29 @@ LINE_RULES: tuple[LineRule, ...] = (
     # listening, ready
     LineRule(
         _LISTEN,
+        needs=("Starting vLLM",),
         at_start=True,
         loading=True,
         phase=PHASE_API_SERVER,
         sets=(Capture("port", "port", int), Capture("listen_url", "url")),
     ),
-    LineRule(_READY, when=_is_ready_record, handler=VllmLogTracker._on_ready),
+    LineRule(
+        _READY,
+        needs=("Application startup complete",),
+        when=_is_ready_record,
+        handler=VllmLogTracker._on_ready,
+    ),
     # failure details: numbers a failure message states, read whatever the line is (they do not
     # by themselves make the log a vLLM log)
-    LineRule(_ESTIMATED_LEN, seen=False, sets=(Capture("estimated_max_model_len", "n", int),)),
+    LineRule(
+        _ESTIMATED_LEN,
+        needs=("estimated maximum model length",),
+        seen=False,
+        sets=(Capture("estimated_max_model_len", "n", int),),
+    ),
     LineRule(
         _KV_NEEDED,
+        needs=("KV cache is needed",),
         seen=False,
         sets=(
             Capture("kv_cache_needed_gib", "need", _num),
@@ -1161,6 +1279,7 @@ LINE_RULES: tuple[LineRule, ...] = (
     ),
     LineRule(
         _V0_KV_SMALL,
+        needs=("stored in KV cache",),
         seen=False,
         sets=(
             Capture("estimated_max_model_len", "n", int),
@@ -1168,6 +1287,12 @@ LINE_RULES: tuple[LineRule, ...] = (
         ),
     ),
 )
+
+
+# Every word the screened rules need: a line that holds none of them is none of theirs, and goes
+# only through the rules without a screen.
+_RULE_WORDS: tuple[str, ...] = tuple(dict.fromkeys(word for rule in LINE_RULES for word in rule.needs))
+_UNSCREENED_RULES: tuple[LineRule, ...] = tuple(rule for rule in LINE_RULES if not rule.needs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1240,6 +1365,10 @@ def advise(report: VllmLogReport) -> str | None:
         )
     if "no kernel image is available" in line:
         return "This build has no kernels for the GB10 (sm_121): use an image built for DGX Spark."
+    if "Error Internal" in line:
+        # CUTLASS's status string from vLLM's block-FP8 GEMM on sm_121 (vllm#40758, vllm#43367)
+        return ("This build's FP8 GEMM kernels fail on this GPU (CUTLASS 'Error Internal'; upstream builds lack "
+                "GB10's sm_121 targets): use an image built for DGX Spark, such as NVIDIA's NGC vLLM image.")
     if "SafetensorError" in line:
         return (
             "A weight file is damaged or incomplete: verify the download (sizes, hashes) and copy it again."

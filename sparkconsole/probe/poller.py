@@ -30,6 +30,8 @@ from sparkconsole.probe.script import (
     METRICS_PREFIX,
     READERS_SECTION,
     SERVING_SECTIONS,
+    TICK_MAX_BYTES,
+    TICK_MAX_LINES,
     SectionOutput,
     metrics_section,
     parse_readers,
@@ -40,6 +42,7 @@ from sparkconsole.probe.script import (
 )
 from sparkconsole.probe.state import NodeState, NodeStatus
 from sparkconsole.serving.discover import discover
+from sparkconsole.serving.metrics import INLINE_PAGE_LINES, page_refusal, parse_metrics
 from sparkconsole.serving.watch import EngineWatch, version_from_image
 from sparkconsole.transport.base import LongProcess, Transport
 
@@ -64,6 +67,10 @@ def _reason(exc: BaseException) -> str:
 
 class _Missed(Exception):
     """A tick that got no answer within its budget (the work it waits on goes on)."""
+
+
+class _Oversized(Exception):
+    """An answer larger than the console keeps: read to its end and dropped (the probe stays in step)."""
 
 
 class NodePoller:
@@ -124,8 +131,14 @@ class NodePoller:
         return min(self.tick_timeout, max(self.interval, 1.0, 3 * self._answer_s))
 
     async def _read_tick(self, process: LongProcess) -> list[str]:
+        """The lines of one answer, ``begin`` to ``end``. What is kept is bounded (:data:`TICK_MAX_BYTES`,
+        :data:`TICK_MAX_LINES`; the node already cuts each section far below): past a bound the rest
+        of the answer is read and dropped, so the next request starts in step, and the tick fails
+        with the reason."""
         lines: list[str] = []
         started = False
+        size = 0
+        over = False
         while True:
             line = await process.read_line()
             if line is None:
@@ -133,11 +146,18 @@ class NodePoller:
             if line.startswith(MARK):
                 words = line[len(MARK):].split()
                 if words[:1] == ["begin"]:
-                    started, lines = True, []
+                    started, lines, size, over = True, [], 0, False
                     continue
                 if words[:1] == ["end"] and started:
+                    if over:
+                        raise _Oversized(f"the node's answer passed {TICK_MAX_BYTES} bytes or {TICK_MAX_LINES} "
+                                         "lines; not read")
                     return lines
-            if started:
+            if started and not over:
+                size += len(line) + 1
+                if size > TICK_MAX_BYTES or len(lines) >= TICK_MAX_LINES:
+                    over, lines = True, []
+                    continue
                 lines.append(line)
 
     async def _ask(self, process: LongProcess, wanted: tuple[str, ...]) -> list[str]:
@@ -215,7 +235,7 @@ class NodePoller:
             except asyncio.CancelledError:
                 await self._drop_process()
                 raise
-            except _Missed as exc:
+            except (_Missed, _Oversized) as exc:  # an oversized answer was read whole: the probe stays
                 self._fail(str(exc))
                 return state
             except Exception as exc:
@@ -239,7 +259,7 @@ class NodePoller:
             state.reason = "up"
             state.history.record(sample)
             if serving:
-                self._serving_read(serving, sample.taken_at)
+                await self._serving_read(serving, sample.taken_at)
             self._tick += 1
             return state
 
@@ -322,9 +342,12 @@ class NodePoller:
                 raise
             except Exception:
                 return  # the engines keep "not read yet"; the node's status is the hardware tick's
-            self._serving_read(split_tick(lines), self.clock())
+            await self._serving_read(split_tick(lines), self.clock())
 
-    def _serving_read(self, sections: dict[str, SectionOutput], t: float) -> None:
+    async def _serving_read(self, sections: dict[str, SectionOutput], t: float) -> None:
+        """The engines found and their pages read: each page recorded on its engine's watch. A page of
+        more than :data:`~sparkconsole.serving.metrics.INLINE_PAGE_LINES` lines (and within the bounds
+        a page may have) is parsed in a worker thread, so the screen never waits on the parser."""
         engines = self.state.engines
         found = sections.get("engines")
         if found is not None and found.rc is not None:
@@ -341,8 +364,13 @@ class NodePoller:
             if name.startswith(METRICS_PREFIX):
                 for port, page in split_pages(out).items():
                     watch = engines.get(port)
-                    if watch is not None:
-                        watch.record(t, page.text, page.rc)
+                    if watch is None:
+                        continue
+                    parsed = None
+                    if (page.rc == 0 and page.text.count("\n") >= INLINE_PAGE_LINES
+                            and page_refusal(page.text) is None and not watch.unchanged(page.text, page.rc)):
+                        parsed = await asyncio.to_thread(parse_metrics, page.text)
+                    watch.record(t, page.text, page.rc, parsed=parsed)
 
     def _readers_read(self, out: SectionOutput) -> None:
         """The GPU readers' state (the ``readers`` section): kept on the node's state, and a restart

@@ -47,6 +47,16 @@ from sparkconsole import remote
 MARK = "::sparkprobe::"
 HEADER = "# sparkconsole probe v2"
 PER_SECTION_TIMEOUT_S = 8
+# What one section may send, cut on the node (``cap``: ``head -c``) before it crosses: a node's answer
+# is data, and an endless ``docker ps`` must cost the console a bounded read, not its memory. Far above
+# any real answer (a node with a thousand containers lists them in under 1 MiB); the lists that grow with
+# containers and interfaces get more. A section cut there is not read: the console says so.
+SECTION_MAX_BYTES = 1024 * 1024
+LIST_MAX_BYTES = 4 * 1024 * 1024
+# And what the console keeps of one tick's answer, whatever the node sends (a probe that is not ours,
+# a line flood): past either bound the answer is read to its end and dropped, and the tick fails.
+TICK_MAX_BYTES = 48 * 1024 * 1024
+TICK_MAX_LINES = 250_000
 READERS_SECTION = "readers"  # the readers' state: one line each (:func:`parse_readers`)
 
 
@@ -60,7 +70,8 @@ class ProbeSection:
     runs it: ``func`` (a function of :data:`PRELUDE`, shell builtins only), ``read`` (``cat``/``grep -H .`` of ``/proc`` and ``/sys`` files, done by the shell's
     own ``read``: no process), ``guard`` (a tool that can hang, under ``timeout``) or ``plain`` (a
     tool that cannot: ``ip``, ``uname``); ``reader`` names the long-lived reader that answers it
-    when it has a fresh block.
+    when it has a fresh block. A ``guard`` or ``plain`` command's output is cut at ``max_bytes`` on
+    the node (``cap``), its exit code kept; a cut section says so (``MARK cut N``) and is not read.
     """
 
     name: str
@@ -70,6 +81,7 @@ class ProbeSection:
     optional: bool = False  # a missing tool is normal here (no ray on a plain node)
     how: str = "guard"
     reader: str = ""
+    max_bytes: int = SECTION_MAX_BYTES  # what a ``guard``/``plain`` command may print (``cap``)
 
     def shell(self) -> str:
         """The plain command (what the deployment's recon runs once, and what a reader-backed
@@ -86,7 +98,7 @@ class ProbeSection:
         if self.how == "read":
             files = self.shell().split(" ", 1)[1]
             return ("hdot " if self.argv[:2] == ("grep", "-H") else "rd ") + files.removeprefix("-H . ")
-        run = "x " + ("$T " if self.how == "guard" else "") + self.shell()
+        run = f"cap {self.max_bytes} " + ("$T " if self.how == "guard" else "") + self.shell()
         if self.reader:
             return f"show {self.reader} || {run}"
         return run
@@ -131,6 +143,9 @@ SECTIONS: tuple[ProbeSection, ...] = (
     ProbeSection("nproc", ("nproc",), every=30, how="plain"),
     ProbeSection("uptime", ("cat", "/proc/uptime", "/proc/loadavg"), how="read"),
     ProbeSection("meminfo", ("cat", "/proc/meminfo"), how="read"),
+    # the kernel's memory pressure (PSI): read by the shell like meminfo, no process; the memory
+    # guard's stall signal (probe.memory_guard). Optional: a kernel without PSI has no such file
+    ProbeSection("psi", ("cat", "/proc/pressure/memory"), how="read", optional=True),
     ProbeSection("gpu", ("nvidia-smi", f"--query-gpu={GPU_QUERY_FIELDS}", "--format=csv"), reader="gpu"),
     ProbeSection("gpu-apps", ("nvidia-smi", GPU_APPS_QUERY, "--format=csv"), reader="apps"),
     ProbeSection("gpu-static", ("nvidia-smi", f"--query-gpu={GPU_STATIC_FIELDS}", "--format=csv"), every=300),
@@ -147,9 +162,9 @@ SECTIONS: tuple[ProbeSection, ...] = (
         optional=True,
         how="read",
     ),
-    ProbeSection("ip-addr", ("ip", "-j", "addr"), every=10, how="plain"),
-    ProbeSection("docker-ps", ("docker", "ps", "-a", "--format", "{{json .}}"), every=2),
-    ProbeSection("docker-stats", ("docker", "stats", "--no-stream", "--format", "{{json .}}"), every=5),
+    ProbeSection("ip-addr", ("ip", "-j", "addr"), every=10, how="plain", max_bytes=LIST_MAX_BYTES),
+    ProbeSection("docker-ps", ("docker", "ps", "-a", "--format", "{{json .}}"), every=2, max_bytes=LIST_MAX_BYTES),
+    ProbeSection("docker-stats", ("docker", "stats", "--no-stream", "--format", "{{json .}}"), every=5, max_bytes=LIST_MAX_BYTES),
     # what docker stats reads, read by the shell: each running container's cgroup (v2) files; the
     # poller asks docker-stats only where this finds none, and docker-ps when the set of running
     # containers it lists changed (and every DOCKER_PS_SLOW ticks), not every other tick
@@ -162,7 +177,8 @@ SECTIONS: tuple[ProbeSection, ...] = (
 # sample: which vLLM/SGLang servers run here (whenever the running containers change, and every
 # ``every`` ticks for an engine started on the host: the listing starts a docker process per
 # container, so not every 30 ticks as it was); their pages are read together by one ``metrics-P1,P2`` section (:data:`METRICS_PREFIX`)
-ENGINES = ProbeSection("engines", ("sh", "-c", remote.engine_cmdlines().text), every=120, optional=True)
+ENGINES = ProbeSection("engines", ("sh", "-c", remote.engine_cmdlines().text), every=120, optional=True,
+                       max_bytes=LIST_MAX_BYTES)
 SERVING_SECTIONS = frozenset({ENGINES.name})
 METRICS_PREFIX = "metrics-"
 
@@ -180,7 +196,11 @@ MAX_RESTARTS = 5  # a reader that died this often is given up for the session (o
 # ``docker ps`` shows them), CPU since the last call in hundredths of a percent of one core (docker
 # stats' CPUPerc), the memory in use less the inactive page cache (docker stats' used figure:
 # memory.current less inactive_file on cgroup v2, memory.usage_in_bytes less total_inactive_file on
-# v1), the limit (``max``: none; v1's "no limit" is a 19-digit number). The main loop's own names (``s``, ``want``, ``seq``) are used by no helper.
+# v1), the limit (``max``: none; v1's "no limit" is a 19-digit number). ``cap N CMD``: ``x`` with the
+# output bounded: a missing tool is "not found" without a process; else CMD's stdout and stderr cut at N
+# bytes (``head -c``) and held in the shell (so its exit code is kept: no ``pipefail`` in POSIX sh),
+# printed with a ``MARK cut N`` line and exit 141 (SIGPIPE's) when it was cut. The main loop's own names
+# (``s``, ``want``, ``seq``) are used by no helper.
 PRELUDE = r"""T=''
 command -v timeout >/dev/null 2>&1 && T='timeout -k 1 {timeout}'
 x() { if [ "$1" = timeout ]; then w=$5; else w=$1; fi
@@ -191,6 +211,14 @@ hdot() { r=1; for f; do if [ -r "$f" ]; then
   else echo "grep: $f: No such file or directory"; r=2; fi; done; return $r; }
 now() { read -r up _ </proc/uptime; up=${up%.*}${up#*.}; up=${up#"${up%%[!0]*}"}; up=${up:-0}; }
 show() { return 1; }
+cap() { cn=$1; shift; if [ "$1" = timeout ]; then w=$5; else w=$1; fi
+  command -v "$w" >/dev/null 2>&1 || { echo "sh: 1: $w: not found"; return 127; }; co=$( { "$@" 2>&1; printf '\n::rc %s' "$?"; } | head -c "$cn" ); cr=${co##*"
+"}; case $co in *"
+"*) co=${co%"
+"*}; co=${co%"
+"} ;; *) co='' ;; esac
+  case $cr in "::rc "[0-9]*) [ -n "$co" ] && printf '%s\n' "$co"; return "${cr#::rc }" ;; esac
+  [ -n "$co" ] && printf '%s\n' "$co"; echo "{mark} cut $cn"; return 141; }
 cgv() { id=${1##*/}; id=${id#docker-}; id=${id%.scope}; c=${id%"${id#????????????}"}
   eval "pu=\${cu_$c:-} pt=\${ct_$c:-}"; cpu=-
   [ -n "$pu" ] && [ $((up - pt)) -gt 0 ] && cpu=$(( ($2 - pu) / (up - pt) ))
@@ -214,7 +242,7 @@ cg() { r=1; now
   done
   [ $r = 0 ] || [ -r /sys/fs/cgroup/cgroup.controllers ] || [ -d /sys/fs/cgroup/memory/docker ] && return 0
   echo "no container cgroups here (Docker's systemd or cgroupfs driver, cgroup v1 or v2)"; return 1; }
-""".replace("{timeout}", str(PER_SECTION_TIMEOUT_S))
+""".replace("{timeout}", str(PER_SECTION_TIMEOUT_S)).replace("{mark}", MARK)
 
 # The readers (only in the probe script: a twin answers ``show`` itself). ``start``: the reader's
 # command, started by this shell itself so its pid is known at once (``stop`` ends it even while it
@@ -308,7 +336,13 @@ def _metrics_arm() -> str:
 def split_pages(out: SectionOutput) -> dict[int, SectionOutput]:
     """A ``metrics-PORTS`` section, one answer per port: each page's lines up to its mark
     (``::sparkpage:: URL STATUS``), exit code 0 when it kept a line (grep's, as a page read alone
-    had). An answer with no mark at all (no curl on the node, a refused port list) is every port's."""
+    had). An answer with no mark at all and no sample line (no curl on the node, a refused port list)
+    is every port's.
+
+    The read is cut on the node (``head -c``, :data:`remote.METRICS_PAGE_SCRIPT`): lines after the
+    last mark are the page curl was reading then, the next port without a mark, with no exit code
+    (its text as long as the bound, which the console refuses as too large); a port after it was not
+    read at all this time, and says so (empty, no exit code)."""
     ports = [int(x) for x in out.name[len(METRICS_PREFIX):].split(",") if x.isdigit()]
     pages: dict[int, SectionOutput] = {}
     buf: list[str] = []
@@ -323,8 +357,14 @@ def split_pages(out: SectionOutput) -> dict[int, SectionOutput]:
             buf = []
             continue
         buf.append(line)
-    if not pages:
+    if not pages and not any(line and not line.startswith(("curl: ", "sh: ")) for line in buf):
         return {port: SectionOutput(metrics_section(port), out.text, out.rc) for port in ports}
+    missing = [p for p in ports if p not in pages]
+    if buf and missing:
+        pages[missing[0]] = SectionOutput(metrics_section(missing[0]), "\n".join(buf), None)
+    for port in missing[1:] if buf else missing:
+        if out.rc is not None or buf:
+            pages[port] = SectionOutput(metrics_section(port), "", None)
     return pages
 
 
@@ -436,6 +476,14 @@ class SectionOutput:
     name: str
     text: str
     rc: int | None  # None when the section never finished (channel dropped mid-way)
+    #: the bound the node cut this section's output at (``cap``), or None: a cut section's text is
+    #: only :func:`cut_text`, never the part that came (a partial list read as the whole one)
+    cut: int | None = None
+
+
+def cut_text(limit: int) -> str:
+    """What a section cut on the node reads as: one line, which the parsers read as nothing."""
+    return f"output too large: more than {limit} bytes, cut on the node and not read"
 
 
 def split_tick(lines: list[str], mark: str = MARK) -> dict[str, SectionOutput]:
@@ -444,21 +492,25 @@ def split_tick(lines: list[str], mark: str = MARK) -> dict[str, SectionOutput]:
     out: dict[str, SectionOutput] = {}
     current: str | None = None
     buf: list[str] = []
+    cut: int | None = None
     for line in lines:
         if line.startswith(mark):
             words = line[len(mark):].split()
             if len(words) >= 2 and words[0] == "section":
-                current, buf = words[1], []
+                current, buf, cut = words[1], [], None
+            elif len(words) >= 2 and words[0] == "cut" and current is not None and words[1].isdigit():
+                cut = int(words[1])
             elif len(words) >= 3 and words[0] == "rc" and current == words[1]:
                 try:
                     rc: int | None = int(words[2])
                 except ValueError:
                     rc = None
-                out[current] = SectionOutput(current, "\n".join(buf), rc)
-                current, buf = None, []
+                text = cut_text(cut) if cut is not None else "\n".join(buf)
+                out[current] = SectionOutput(current, text, rc, cut)
+                current, buf, cut = None, [], None
             continue
         if current is not None:
             buf.append(line)
     if current is not None:
-        out[current] = SectionOutput(current, "\n".join(buf), None)
+        out[current] = SectionOutput(current, cut_text(cut) if cut is not None else "\n".join(buf), None, cut)
     return out

@@ -34,7 +34,8 @@ from typing import Any
 from sparkconsole.errors import UserError, ValidationError
 
 #: the benchmark tools: ``vllm bench serve`` inside a vLLM engine's own container (an engine names
-#: it as its ``bench_tool``), and llama-benchy from ``uvx`` on the node for any OpenAI endpoint
+#: it as its ``bench_tool``), and llama-benchy from ``uvx`` on the node for any OpenAI endpoint (a pinned
+#: release: :data:`sparkconsole.remote.LLAMA_BENCHY_VERSION`)
 VLLM_BENCH = "vllm"
 LLAMA_BENCHY = "llama-benchy"
 TOOLS = (VLLM_BENCH, LLAMA_BENCHY)
@@ -274,8 +275,8 @@ def bench_commands(engine_port: int, served_name: str, tokenizer: str | None, co
     """The commands that benchmark one engine on the head, in order (a list of
     :class:`~sparkconsole.remote.RemoteCommand`): with ``tool=VLLM_BENCH`` one ``vllm bench serve`` per
     concurrency in the engine's ``container`` (each prints its stdout, then the JSON it saved, in
-    sections :func:`rows_from_outputs` reads); with ``"llama-benchy"`` one ``uvx llama-benchy`` for
-    every concurrency. ``requests`` is per concurrency (at least the concurrency itself); each command
+    sections :func:`rows_from_outputs` reads); with ``"llama-benchy"`` one ``uvx llama-benchy`` (the
+    pinned :data:`~sparkconsole.remote.LLAMA_BENCHY_VERSION`) for every concurrency. ``requests`` is per concurrency (at least the concurrency itself); each command
     is bounded by ``time_limit_s``. ``key_file``: the head's API key file, for an engine that wants one
     (its value is read by the head's shell, never in the text)."""
     from sparkconsole import remote as R
@@ -293,12 +294,11 @@ def bench_commands(engine_port: int, served_name: str, tokenizer: str | None, co
                                    result_filename=result_filename(stamp, c), time_limit_s=time_limit_s,
                                    key_file=key_file)
                 for c in concs]
-    if key_file is not None:
-        raise ValidationError("llama-benchy takes an API key only on its command line (where every user of the "
-                              "node sees it): use vllm bench serve for an engine with a key")
     runs = max(1, min(10, requests // max(concs)))
+    # llama-benchy takes a key only as --api-key: read from the key file by the head's shell (never in
+    # this text), but on its command line on the head while it runs (remote.llama_benchy says so)
     return [R.llama_benchy(engine_port, served_name, concs, input_len, output_len, runs=runs,
-                           tokenizer=tokenizer, time_limit_s=time_limit_s)]
+                           tokenizer=tokenizer, time_limit_s=time_limit_s, key_file=key_file)]
 
 
 def _check_concurrencies(concurrencies: Sequence[int]) -> list[int]:

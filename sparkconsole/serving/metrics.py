@@ -15,19 +15,62 @@ SGLang's current names first and its 0.3-era ones (``num_requests_running``, a `
 
 One :class:`EngineMetrics` per (kind, ``model_name``, ``engine``) label set: vLLM's data-parallel
 ranks each carry their own ``engine`` label, and one page may serve several.
+
+A page is data from the node, and a hostile or broken engine can serve anything: a page larger than
+:data:`MAX_PAGE_BYTES` or with more than :data:`MAX_PAGE_LINES` lines is not parsed at all
+(:func:`page_refusal` says why, in words the console shows), and a figure no engine can have (a
+negative counter, a gauge past its bound in :data:`GAUGE_BOUNDS`) is refused: ``None``, with the
+reason in :attr:`EngineMetrics.invalid`, never shown as read.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sparkconsole.remote import METRICS_FETCH_MAX_BYTES, METRICS_PAGE_MAX_BYTES
 from sparkconsole.serving.engines import ENGINES
 
 Kind = str  # an engine's name (sparkconsole.serving.engines.ENGINES)
+
+#: The most of one page the console parses (the lines the node's grep kept; the node cuts its read at
+#: the same bound, :data:`sparkconsole.remote.METRICS_PAGE_MAX_BYTES`). A real vLLM page keeps ~12 KB
+#: and ~125 lines an engine, so these hold dozens of data-parallel ranks and served models.
+MAX_PAGE_BYTES = METRICS_PAGE_MAX_BYTES
+MAX_PAGE_LINES = 10_000
+#: A page with more lines than this is parsed away from the event loop (``asyncio.to_thread``): the
+#: reference parser reads ~20 000 lines a second, and the console's screen must not wait on it.
+INLINE_PAGE_LINES = 1_500
+#: The largest value a gauge can sanely have; past it the page is inventing figures. Requests running
+#: at once are bounded by the engine's batch (vLLM's ``--max-num-seqs``, SGLang's
+#: ``--max-running-requests``: hundreds, a few thousand at most); waiting ones by what any client
+#: sends; KV usage is a fraction; throughput is what one engine can generate.
+GAUGE_BOUNDS: dict[str, float] = {
+    "requests_running": 65_536.0,
+    "requests_waiting": 1_000_000.0,
+    "kv_cache_usage": 1.0,
+    "gen_throughput": 10_000_000.0,
+}
+#: Cumulative counters: never negative.
+COUNTERS = ("prompt_tokens", "generation_tokens", "preemptions", "prefix_cache_queries", "prefix_cache_hits")
+
+
+def page_refusal(text: str, *, limit_bytes: int = MAX_PAGE_BYTES, limit_lines: int = MAX_PAGE_LINES) -> str | None:
+    """Why a page is not read at all, in words, or ``None`` when it may be parsed. Counted before any
+    parse (``len``, ``str.count``: no copy of the page is made), so a page of millions of series costs
+    one pass over the text already held, never the parser's objects for each sample."""
+    if not isinstance(text, str):
+        return "the page is not text"
+    if "curl: (63)" in text:
+        return f"metrics page too large (over {METRICS_FETCH_MAX_BYTES} bytes), not read"
+    size = len(text)
+    lines = text.count("\n") + 1
+    if size >= limit_bytes or lines > limit_lines:
+        return f"metrics page too large ({size} bytes, {lines} series), not read"
+    return None
 
 
 @dataclass(frozen=True)
@@ -68,6 +111,8 @@ class EngineMetrics:
     queue_time: Histogram | None = None
     #: which metric name each figure came from (shows when the legacy fallback was used)
     sources: Mapping[str, str] = field(default_factory=dict)
+    #: figures the page gave that no engine can have, refused (their field is ``None``): field -> why
+    invalid: Mapping[str, str] = field(default_factory=dict)
 
 
 # Sample names by field, preferred first, as each engine declares them (``engine.metrics``). Only
@@ -139,11 +184,44 @@ def _le(v: str | None) -> float | None:
 def parse_metrics(text: str) -> list[EngineMetrics]:
     """One :class:`EngineMetrics` per (kind, model, engine) label set found in a ``/metrics`` page, in
     the order first seen. Text that is not a metrics page, or has none of the engines' metrics, gives
-    ``[]``; a line that cannot be read is skipped, never an exception."""
+    ``[]``; so does a page :func:`page_refusal` refuses (too large to read: it is not parsed); a line
+    that cannot be read is skipped, never an exception."""
+    if page_refusal(text) is not None:
+        return []
     try:
-        return _parse_metrics(text)
+        return [_checked(e) for e in _parse_metrics(text)]
     except Exception:  # the last line of defence, as in probe.parsers: odd input is never a traceback
         return []
+
+
+def _bad_hist(h: Histogram) -> str | None:
+    if (h.count is not None and h.count < 0) or (h.sum is not None and h.sum < 0):
+        return "a negative count or sum"
+    if any(c < 0 for _, c in h.buckets):
+        return "a negative bucket count"
+    return None
+
+
+def _checked(e: EngineMetrics) -> EngineMetrics:
+    """``e`` with every figure no engine can have set to ``None`` and said in ``invalid``: a counter
+    below zero, a gauge below zero or past :data:`GAUGE_BOUNDS`, a histogram with a negative count."""
+    bad: dict[str, str] = {}
+    for name in COUNTERS:
+        v = getattr(e, name)
+        if v is not None and v < 0:
+            bad[name] = f"negative counter ({v:g})"
+    for name, top in GAUGE_BOUNDS.items():
+        v = getattr(e, name)
+        if v is not None and (v < 0 or v > top):
+            bad[name] = f"{v:g} is outside 0–{top:g}"
+    for name in ("ttft", "itl", "e2e", "queue_time"):
+        h = getattr(e, name)
+        why = _bad_hist(h) if h is not None else None
+        if why:
+            bad[name] = why
+    if not bad:
+        return e
+    return replace(e, invalid=bad, **dict.fromkeys(bad))
 
 
 def _parse_metrics(text: str) -> list[EngineMetrics]:

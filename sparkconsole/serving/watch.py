@@ -22,13 +22,14 @@ import hashlib
 import re
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparkconsole.serving import engines as engine_kinds
 from sparkconsole.serving.discover import Engine
 from sparkconsole.serving.metrics import (
     EngineMetrics,
     Histogram,
+    page_refusal,
     parse_metrics,
     prefix_hit_rate,
     rate,
@@ -77,6 +78,8 @@ class EngineFigures:
     preemptions: float | None = None  # since the engine started
     preemptions_1m: float | None = None  # in the last minute
     waiting_rising: bool = False  # the queue grew over the last reads
+    #: figures the last page gave that no engine can have, refused (shown as unknown): field -> why
+    invalid: dict[str, str] = field(default_factory=dict)
     #: percentiles that fell in their histogram's first bucket, by field, with that bucket's bound: the
     #: value is Prometheus' interpolation inside it (all-zero queue times read as half of vLLM's first
     #: 0.3 s bound), so a screen says "< 300 ms" rather than a precise-looking 150 ms
@@ -125,14 +128,17 @@ def merge(pages: Sequence[EngineMetrics]) -> EngineMetrics | None:
                          None if None in sums else sum(sums))  # type: ignore[arg-type]
 
     kvs = [p.kv_cache_usage for p in pages if p.kv_cache_usage is not None]
-    return EngineMetrics(
+    invalid = {k: v for p in pages for k, v in p.invalid.items()}
+    merged = EngineMetrics(
         kind=first.kind, model=first.model, engine=None, version=first.version,
         requests_running=total("requests_running"), requests_waiting=total("requests_waiting"),
         kv_cache_usage=max(kvs) if kvs else None, gen_throughput=total("gen_throughput"),
         prompt_tokens=total("prompt_tokens"), generation_tokens=total("generation_tokens"),
         preemptions=total("preemptions"), prefix_cache_queries=total("prefix_cache_queries"),
         prefix_cache_hits=total("prefix_cache_hits"), ttft=hist("ttft"), itl=hist("itl"), e2e=hist("e2e"),
-        queue_time=hist("queue_time"), sources=first.sources)
+        queue_time=hist("queue_time"), sources=first.sources, invalid=invalid)
+    # a figure one rank gave wrong is unknown for the whole engine: the others' sum is not its figure
+    return replace(merged, **dict.fromkeys(invalid)) if invalid else merged
 
 
 def version_from_image(image: str | None) -> str | None:
@@ -181,22 +187,34 @@ class EngineWatch:
     #: what readers derive from this watch (the alerts), kept with it and keyed by ``reads`` by them
     memo: dict[str, tuple] = field(default_factory=dict, repr=False, compare=False)
 
-    def record(self, t: float, text: str, rc: int | None) -> None:
+    def unchanged(self, text: str, rc: int | None) -> bool:
+        """Whether ``text`` is the last page read again (an idle engine): :meth:`record` then reuses
+        its figures, and a caller that parses big pages away from the event loop need not."""
+        return (rc == 0 and bool(self.pages) and page_refusal(text) is None
+                and hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest() == self._digest)
+
+    def record(self, t: float, text: str, rc: int | None, *, parsed: list[EngineMetrics] | None = None) -> None:
         """One read of the page (the probe section's text and exit code). A page identical to the last
-        one (an idle engine) is not parsed again: its figures are the last ones, at the new time."""
+        one (an idle engine) is not parsed again: its figures are the last ones, at the new time.
+        ``parsed``: ``parse_metrics(text)`` already done (off the event loop, for a big page).
+
+        A page too large to read (:func:`~sparkconsole.serving.metrics.page_refusal`) is refused
+        before anything else is done with it (not hashed, not parsed): a failed read, its reason
+        said, as long as the engine serves such pages."""
         self.reads += 1
+        refused = page_refusal(text)
+        if refused is not None:
+            self._fail(t, refused)
+            return
         digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest()
         page: EngineMetrics | None
         if digest == self._digest and self.pages and rc == 0:
             page = self.pages[-1][1]
         else:
-            page = merge(parse_metrics(text)) if rc == 0 else None
+            page = merge(parse_metrics(text) if parsed is None else parsed) if rc == 0 else None
         if page is None:
-            self.failures += 1
-            self._digest = b""
-            self.reason = _curl_reason(text) or ("no answer (read cut short)" if rc is None
-                                                 else "the page has no engine metrics")
-            self.history.append((t, None))
+            self._fail(t, _curl_reason(text) or ("no answer (read cut short)" if rc is None
+                                                 else "the page has no engine metrics"))
             return
         self._digest = digest
         prev = self.pages[-1] if self.pages else None
@@ -208,6 +226,12 @@ class EngineWatch:
         self.reason = ""
         self.history.append((t, rate(prev[1].generation_tokens, page.generation_tokens, t - prev[0])
                              if prev else None))
+
+    def _fail(self, t: float, reason: str) -> None:
+        self.failures += 1
+        self._digest = b""
+        self.reason = reason
+        self.history.append((t, None))
 
     def _reference(self, now: float, window: float) -> EngineMetrics | None:
         """The newest page at least ``window`` old; while none is, the oldest page read (the window is
@@ -282,7 +306,8 @@ class EngineWatch:
             itl_p50_5m_s=q("itl", r5, 0.5, "itl_p50_5m_s"), itl_p95_5m_s=q("itl", r5, 0.95, "itl_p95_5m_s"),
             queue_p50_s=q("queue_time", r1, 0.5, "queue_p50_s"), queue_p95_s=q("queue_time", r1, 0.95, "queue_p95_s"),
             e2e_p50_s=q("e2e", r5, 0.5, "e2e_p50_s"), prefix_hit_rate=prefix_hit_rate(r5, cur),
-            preemptions=cur.preemptions, preemptions_1m=pre_1m, waiting_rising=rising, below=below)
+            preemptions=cur.preemptions, preemptions_1m=pre_1m, waiting_rising=rising, below=below,
+            invalid=dict(cur.invalid))
 
     def rates(self, last: int | None = None) -> list[float | None]:
         """Generation tok/s per read, oldest first (the sparkline); ``None`` where unknown."""

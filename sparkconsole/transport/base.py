@@ -17,6 +17,16 @@ from sparkconsole.remote import RemoteCommand
 
 CommandLike = RemoteCommand | str
 
+#: The most of one stream (stdout, stderr) a ``run`` keeps: a node's answer is data, and no command's
+#: output may grow without limit in the console (an endless ``docker ps``, a hostile page). 16 MiB is
+#: far above any answer the console reads; callers that need less pass less (``max_bytes``).
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+
+
+def cut_marker(max_bytes: int) -> str:
+    """The line a ``run`` appends to a stream it cut at ``max_bytes`` (never part of what the node sent)."""
+    return f"\n[sparkconsole: output cut at {max_bytes} bytes; the rest was not read]\n"
+
 
 def command_text(cmd: CommandLike) -> str:
     """The exact shell text of ``cmd``. A NUL byte is refused here: no shell word can hold one
@@ -37,6 +47,9 @@ class CommandResult:
     stdout: str
     stderr: str
     duration_s: float
+    #: a stream passed ``max_bytes``: what was kept ends with :func:`cut_marker`, and the command was
+    #: stopped there (its ``exit_status`` is then ``None``: it did not finish by itself)
+    truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -69,8 +82,11 @@ class Transport(Protocol):
         """Open (or re-open) the connection; idempotent."""
         ...
 
-    async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None) -> CommandResult:
-        """Run ``cmd`` to completion; raises :class:`~sparkconsole.errors.TransportError`."""
+    async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None, *,
+                  max_bytes: int = DEFAULT_MAX_BYTES) -> CommandResult:
+        """Run ``cmd`` to completion; raises :class:`~sparkconsole.errors.TransportError`. At most
+        ``max_bytes`` of each of stdout and stderr are kept: past that the command is stopped and the
+        result is ``truncated``."""
         ...
 
     def stream(self, cmd: CommandLike) -> AsyncIterator[str]:

@@ -20,7 +20,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from sparkconsole.errors import TransportError
-from sparkconsole.transport.base import CommandLike, CommandResult, CommandTimeout, command_text
+from sparkconsole.transport.base import (
+    DEFAULT_MAX_BYTES,
+    CommandLike,
+    CommandResult,
+    CommandTimeout,
+    command_text,
+    cut_marker,
+)
 
 _LINE_LIMIT = 16 * 1024 * 1024  # `ip -j addr` on a host with many veths is one long line
 RUN_TOKEN_VAR = "SPARKCONSOLE_RUN"  # the same variable the SSH transport exports on the node
@@ -73,6 +80,33 @@ def _kill_tree(proc: asyncio.subprocess.Process, token: str) -> int | None:
                 killed.add(pid)
         time.sleep(0.01)  # let the kernel take them away (a zombie keeps no environ)
     return None if _carrying(token) else len(killed)
+
+
+async def _bounded(reader: asyncio.StreamReader | None, max_bytes: int) -> tuple[bytes, bool]:
+    """Read ``reader`` to its end, keeping at most ``max_bytes``; ``(kept, cut)``. Stops reading at the
+    bound (the caller stops the command), so nothing past it is ever held."""
+    buf = bytearray()
+    if reader is None:
+        return b"", False
+    while True:
+        chunk = await reader.read(64 * 1024)
+        if not chunk:
+            return bytes(buf), False
+        room = max_bytes - len(buf)
+        if len(chunk) > room:
+            buf += chunk[:room]
+            return bytes(buf), True
+        buf += chunk
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+    """Write ``data`` to the command's stdin and close it (a command that stops reading is no error)."""
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+    with contextlib.suppress(Exception):
+        proc.stdin.close()
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:
@@ -169,18 +203,47 @@ class LocalTransport:
         except OSError as exc:
             raise TransportError(f"{self.node}: cannot start {self.shell}: {exc.strerror or exc}") from None
 
-    async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None) -> CommandResult:
+    async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None, *,
+                  max_bytes: int = DEFAULT_MAX_BYTES) -> CommandResult:
+        """Run ``cmd`` to completion, keeping at most ``max_bytes`` of stdout and of stderr: a stream
+        that passes the bound is cut there (:func:`~sparkconsole.transport.base.cut_marker`) and the
+        command's tree is killed, so an endless writer costs the console ``max_bytes``, not its memory."""
         text = command_text(cmd)
+        limit = max(0, int(max_bytes))
         start = time.monotonic()
         proc, token = await self._spawn(
             text,
             stdin=asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
+        cuts: set[str] = set()
+
+        async def talk() -> tuple[bytes, bytes]:
+            feeder = asyncio.ensure_future(_feed(proc, input.encode())) if input is not None else None
+            readers = {asyncio.ensure_future(_bounded(proc.stdout, limit)): "out",
+                       asyncio.ensure_future(_bounded(proc.stderr, limit)): "err"}
+            got: dict[str, bytes] = {}
+            try:
+                pending = set(readers)
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        data, over = task.result()
+                        got[readers[task]] = data
+                        if over:
+                            if not cuts:
+                                _kill_tree(proc, token)  # the other stream ends with the command
+                            cuts.add(readers[task])
+                if feeder is not None:
+                    await feeder
+                await proc.wait()
+            finally:
+                for task in (*readers, *((feeder,) if feeder is not None else ())):
+                    task.cancel()
+            return got.get("out", b""), got.get("err", b"")
+
         try:
-            out, err = await asyncio.wait_for(
-                proc.communicate(None if input is None else input.encode()), timeout
-            )
+            out, err = await asyncio.wait_for(talk(), timeout)
         except TimeoutError:
             n = _kill_tree(proc, token)
             await _reap(proc)
@@ -196,12 +259,19 @@ class LocalTransport:
             await _reap(proc)
             raise
         rc = proc.returncode
+        stdout, stderr = _decode(out), _decode(err)
+        if "out" in cuts:
+            stdout += cut_marker(limit)
+        if "err" in cuts:
+            stderr += cut_marker(limit)
+        cut = bool(cuts)
         return CommandResult(
             command=text,
-            exit_status=rc if rc is not None and rc >= 0 else None,
-            stdout=_decode(out),
-            stderr=_decode(err),
+            exit_status=None if cut else (rc if rc is not None and rc >= 0 else None),
+            stdout=stdout,
+            stderr=stderr,
             duration_s=time.monotonic() - start,
+            truncated=cut,
         )
 
     async def stream(self, cmd: CommandLike) -> AsyncIterator[str]:

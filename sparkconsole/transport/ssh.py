@@ -52,7 +52,14 @@ import asyncssh
 
 from sparkconsole.config import NodeConfig
 from sparkconsole.errors import HostKeyError, TransportError
-from sparkconsole.transport.base import CommandLike, CommandResult, CommandTimeout, command_text
+from sparkconsole.transport.base import (
+    DEFAULT_MAX_BYTES,
+    CommandLike,
+    CommandResult,
+    CommandTimeout,
+    command_text,
+    cut_marker,
+)
 from sparkconsole.transport.hostkeys import (
     HostKey,
     default_known_hosts,
@@ -238,6 +245,52 @@ class _Client(asyncssh.SSHClient):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._conn is not None:
             self._transport._on_connection_lost(self._conn, exc)
+
+
+async def _read_bounded(stream: Any, max_bytes: int) -> tuple[str, bool]:
+    """One stream of an exec channel to its end, keeping at most ``max_bytes`` (UTF-8); ``(kept, cut)``.
+    Reading stops at the bound: the window then fills and the node's writer blocks until the channel
+    is closed."""
+    parts: list[str] = []
+    size = 0
+    while True:
+        chunk = await stream.read(64 * 1024)
+        if not chunk:
+            return "".join(parts), False
+        n = len(chunk.encode("utf-8", "replace"))
+        if size + n > max_bytes:
+            room = max_bytes - size
+            parts.append(chunk.encode("utf-8", "replace")[:room].decode("utf-8", "ignore"))
+            return "".join(parts), True
+        parts.append(chunk)
+        size += n
+
+
+async def _collect(proc: asyncssh.SSHClientProcess, max_bytes: int) -> tuple[str, str, set[str]]:
+    """stdout and stderr of ``proc`` read together, each bounded (:func:`_read_bounded`); the names of
+    the streams that were cut. At the first cut the other stream is no longer waited for."""
+    tasks = {asyncio.ensure_future(_read_bounded(proc.stdout, max_bytes)): "out",
+             asyncio.ensure_future(_read_bounded(proc.stderr, max_bytes)): "err"}
+    got: dict[str, str] = {}
+    cuts: set[str] = set()
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                text, over = task.result()
+                got[tasks[task]] = text
+                if over:
+                    cuts.add(tasks[task])
+            if cuts:
+                break
+        if not cuts:
+            await proc.wait_closed()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return got.get("out", ""), got.get("err", ""), cuts
 
 
 class SshProcess:
@@ -884,8 +937,14 @@ class SshTransport:
     async def _acquire_slot(self) -> None:
         await self._slots.acquire()
 
-    async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None) -> CommandResult:
+    async def run(self, cmd: CommandLike, timeout: float = 30.0, input: str | None = None, *,
+                  max_bytes: int = DEFAULT_MAX_BYTES) -> CommandResult:
         """Run ``cmd`` to completion.
+
+        At most ``max_bytes`` of stdout and of stderr are kept (counted as UTF-8): a stream that passes
+        the bound is cut there (:func:`~sparkconsole.transport.base.cut_marker`), the channel is closed
+        and the command's processes are killed on the node by their token, so an endless writer costs
+        the console ``max_bytes`` rather than its memory; the result is ``truncated``.
 
         The command runs with ``SPARKCONSOLE_RUN=<token>`` exported, which every process it starts
         inherits. On timeout the channel is closed and every process carrying the token is killed
@@ -907,7 +966,10 @@ class SshTransport:
                     proc = await self._open(wire, wait, stdin=asyncssh.DEVNULL)
                 else:
                     proc = await self._open(wire, wait, input=input)
-                stdout, stderr = await proc.communicate()
+                stdout, stderr, cuts = await _collect(proc, max(0, int(max_bytes)))
+                if cuts:
+                    self._kill(proc)
+                    await self._kill_on_node(token)
         except TimeoutError:
             started = proc is not None
             if proc is not None:
@@ -925,13 +987,26 @@ class SshTransport:
             if slot:
                 self._slots.release()
         assert proc is not None
+        limit = max(0, int(max_bytes))
         return CommandResult(
             command=text,
-            exit_status=None if proc.exit_signal else proc.exit_status,
-            stdout=stdout or "",
-            stderr=stderr or "",
+            exit_status=None if cuts or proc.exit_signal else proc.exit_status,
+            stdout=(stdout or "") + (cut_marker(limit) if "out" in cuts else ""),
+            stderr=(stderr or "") + (cut_marker(limit) if "err" in cuts else ""),
             duration_s=time.monotonic() - start,
+            truncated=bool(cuts),
         )
+
+    async def _kill_on_node(self, token: str) -> None:
+        """Best effort: kill what still carries ``token`` on the node (a cut ``run``: its channel is
+        closed, which ends a writer at its next write, but not a child that went quiet)."""
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(min(max(self.connect_timeout, 1.0), 10.0)):
+                proc = await conn.create_process(_kill_script(token), stdin=asyncssh.DEVNULL, **_ENCODING)
+                await proc.communicate()
 
     async def _timed_out(self, text: str, timeout: float, token: str, started: bool) -> CommandTimeout:
         """Kill what a timed-out ``run`` left on the node; the error says what happened there."""

@@ -18,7 +18,7 @@ from sparkconsole.deploy.state import Started
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.deploy.steps.cluster import DOCKER_OPTS, adopt_or_clear
 from sparkconsole.deploy.steps.memory import drop_page_cache
-from sparkconsole.logs.follow import display_text
+from sparkconsole.logs.follow import cap_line, display_text
 from sparkconsole.logs.vllm import VllmLogTracker
 from sparkconsole.planner.plan import PlanOptions
 from sparkconsole.remote import (
@@ -118,27 +118,45 @@ class FileLogFollow:
     (an invalid byte becomes U+FFFD, three bytes once encoded), so counting the text would move the
     offset by three per invalid byte and skip that much of the log. The node ends each read after a
     newline, so a line still being written (cut, perhaps, inside a UTF-8 sequence) comes whole with
-    a later read, once; the last read (``final``) takes the file to its end."""
+    a later read, once; the last read (``final``) takes the file to its end.
+
+    Each read also names the file (device and inode): a log made anew under the same name (a
+    restart's ``>``, a rotation) is read from its start, even when it is already longer than what
+    was read of the old one, which the size alone cannot tell. Where the node cannot say (no
+    ``stat``), a file shorter than the offset is still taken as made anew. An unfinished line is
+    kept to :data:`~sparkconsole.logs.follow.MAX_LINE_CHARS` (a line that never ends must not grow
+    without bound)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.offset = 0  # bytes of the file read so far
         self.pending = ""  # the unfinished last line
+        self.identity: str | None = None  # device:inode of the file being read, once known
 
     def command(self, final: bool = False) -> RemoteCommand:
-        return file_chunk(self.path, self.offset, whole_lines=not final)
+        return file_chunk(self.path, self.offset, whole_lines=not final, identity=True)
 
     def feed(self, stdout: str) -> list[str]:
-        head, _, body = stdout.partition("\n")
+        ident, _, rest = stdout.partition("\n")
+        head, _, body = rest.partition("\n")
         try:
             end = int(head.strip())
         except ValueError:
             return []
+        ident = ident.strip()
+        known = ident not in ("", "-")
+        if known and self.identity is not None and ident != self.identity and self.offset:
+            # another file now: what this read took came from the old offset of the new file
+            self.identity, self.offset, self.pending = ident, 0, ""
+            return []
+        if known:
+            self.identity = ident
         if end < self.offset:  # shorter than what was read: made anew; read it from its start
             self.offset, self.pending = 0, ""
             return []
         self.offset = end
-        *lines, self.pending = (self.pending + body).split("\n")
+        *lines, pending = (self.pending + body).split("\n")
+        self.pending = cap_line(pending)
         return lines
 
     def flush(self) -> list[str]:

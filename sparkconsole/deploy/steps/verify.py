@@ -16,8 +16,43 @@ from sparkconsole.remote import (
     http_status,
     listening_tcp,
 )
+from sparkconsole.serving.engines import VLLM
+from sparkconsole.serving.engines.base import EngineKind
 
 CHAT_PROMPT = "What is 12*17? Answer with the number."
+
+# What vLLM's API key leaves open lives with vLLM (serving/engines/vllm.py ``keyless_paths``).
+VLLM_KEYLESS_MODEL_PATHS, VLLM_KEYLESS_READ_PATHS, VLLM_KEYLESS_CONTROL_PATHS = VLLM.keyless_paths
+# Ray's head and nodes (``ray start``'s defaults, which the wizard does not change): the GCS on
+# --port, the Ray client server on --ray-client-server-port, the dashboard agent's HTTP server on
+# --dashboard-agent-listen-port (it takes job submissions: it runs code; ray/dashboard/
+# http_server_agent.py binds 0.0.0.0 unless the node's address is 127.0.0.1), the dashboard itself
+# (bound to 127.0.0.1 by the wizard's --dashboard-host); the raylet, object manager and metrics
+# export ports are picked at start.
+RAY_HEAD_PORTS = ((6379, "the GCS"), (10001, "the Ray client server"))
+RAY_NODE_PORTS = ((52365, "the dashboard agent, which accepts job submissions"),)
+RAY_DASHBOARD_PORT = 8265
+
+
+def keyless_paths_text(kind: EngineKind = VLLM) -> str:
+    """In words: what an engine started with an API key still answers without it (its object says)."""
+    if kind.keyless_paths is None:
+        return f"{kind.label} may answer other paths than /v1 without it"
+    model, read, control = kind.keyless_paths
+    return (f"{kind.label} checks the key only on paths that start with /v1: without it, "
+            f"{', '.join(model)} still run the model, "
+            f"{', '.join(read)} answer anyone (the tokenizer, the engine's state and load)"
+            + (f", and {', '.join(control)} rescales it where the release has it" if control else ""))
+
+
+def ray_ports_text(head: str) -> str:
+    """In words: the ports Ray opens on the nodes, which the endpoint's key does not guard."""
+    on_head = ", ".join(f"{p} ({what})" for p, what in RAY_HEAD_PORTS)
+    on_each = ", ".join(f"{p} ({what})" for p, what in RAY_NODE_PORTS)
+    return (f"Ray's ports listen on every interface: on {head} {on_head}; on every node {on_each}, and the "
+            "raylet, object manager and metrics ports Ray picks at start. They take no authentication unless the "
+            "image's Ray honours the token the wizard gives it (Ray 2.52 and later; the token crosses the network in "
+            f"clear). Ray's dashboard ({RAY_DASHBOARD_PORT}) listens on 127.0.0.1 only")
 
 
 class Verify(Step):
@@ -88,21 +123,26 @@ class Verify(Step):
         level = "info"
         if local:
             endpoint = f"http://localhost:{port}/v1"
-            text = (f"endpoint {endpoint} through an SSH tunnel only: vLLM listens on 127.0.0.1 of {head.name}, "
-                    f"so nothing on the network reaches it; from a laptop: {tunnel}")
+            text = (f"endpoint {endpoint} through an SSH tunnel only: {flow.engine_kind.label} listens on 127.0.0.1 "
+                    f"of {head.name}, so nothing on the network reaches any of its paths (/v1, /metrics, /health and "
+                    f"the rest); from a laptop: {tunnel}")
         else:
             endpoint = f"http://{head.host}:{port}/v1"
             where = "every interface" if bound in (None, "0.0.0.0", "*", "[::]") else bound
             if code == "401":
-                text = (f"endpoint {endpoint}: anyone who reaches it with the API key (header `Authorization: "
-                        f"Bearer KEY`; without it /v1 answers 401, while /health and /metrics answer anyone). The key "
-                        f"stays on {head.name}, in {flow.api_key_file}: `{_ssh(head)} cat {flow.api_key_file}`. "
-                        f"Listening on {where} of {head.name}; from a laptop without a route to it: {tunnel}")
+                keyless = keyless_paths_text(flow.engine_kind)
+                text = (f"endpoint {endpoint}: anyone who reaches it with the API key can use /v1 (header "
+                        f"`Authorization: Bearer KEY`; 401 without it). Not all of port {port} is closed: {keyless}. The key stays on {head.name}, "
+                        f"in {flow.api_key_file}: `{_ssh(head)} cat {flow.api_key_file}`. Listening on {where} of "
+                        f"{head.name}; from a laptop without a route to it: {tunnel}. To close the port to the network, "
+                        "serve with serve.access=local (127.0.0.1, reached through that SSH tunnel)")
+                level = "warning"
             else:
                 level = "warning"
-                text = (f"endpoint {endpoint}: anyone who reaches {head.host}:{port} can use the model, with no key "
-                        f"(listening on {where} of {head.name}; serve.access=api-key would require one); from a "
-                        f"laptop without a route to it: {tunnel}")
+                text = (f"endpoint {endpoint}: anyone who reaches {head.host}:{port} can use the model, with no key, on "
+                        f"every path (/v1, /metrics and the rest; listening on {where} of {head.name}; "
+                        "serve.access=api-key would require one on /v1, serve.access=local closes the port to the "
+                        f"network); from a laptop without a route to it: {tunnel}")
         self.runner.state.endpoint = endpoint
         self.runner.note(text, level)
         cluster = self._cluster_ports()
@@ -122,9 +162,8 @@ class Verify(Step):
         if flow.executor == "native":
             return (f"{kind.label}'s rendezvous ({kind.rendezvous_what}port {kind.rendezvous_port} of {head}) takes no "
                     f"authentication and listens on every interface of {head}: {trusted}")
-        return (f"Ray's ports (the GCS at port 6379 of {head}, each node's raylet and object manager) take no "
-                "authentication and listen on every interface of the nodes: whoever reaches them can run code in "
-                f"the Ray containers, so {trusted} (Ray's dashboard listens on 127.0.0.1 only)")
+        return (f"{ray_ports_text(str(head))}. Whoever reaches them without authentication can run code in the "
+                f"Ray containers: {trusted}")
 
 
 def _loopback(address: str) -> bool:

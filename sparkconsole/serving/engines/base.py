@@ -91,6 +91,12 @@ class EngineKind(Protocol):
     known_hang: str | None
     #: it takes the console's ``--reasoning-parser``
     takes_reasoning_parser: bool
+    #: the deploy wizard's canary serves a miniature of the model with this engine before the weights
+    #: move (:mod:`sparkconsole.deploy.steps.canary`); False: its start is checked at serve time only
+    canary: bool
+    #: what the engine serves to anyone, whatever its API key: (paths that run the model, paths that read
+    #: its tokenizer or state, control paths); None where it is not known
+    keyless_paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None
     #: the benchmark tool its own image carries (sparkconsole.serving.bench.TOOLS), or None
     bench_tool: str | None
     #: its own flags for a recipe's neutral fields (``-c`` → max_model_len), beyond the shared long ones

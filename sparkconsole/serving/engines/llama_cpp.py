@@ -30,6 +30,8 @@ class LlamaCpp:
     known_hang: str | None = None
     #: it takes ``--reasoning-parser`` (vLLM; the console's SGLang start never passed one)
     takes_reasoning_parser = False
+    canary = False
+    keyless_paths = None  # not read from its source: verify says so
     bench_tool: str | None = None
     #: its own flags for a recipe's neutral fields, beyond the long ones every engine shares
     recipe_flags: dict[str, str] = {"-c": "max_model_len", "-m": "model", "-hf": "model", "--hf-repo": "model"}

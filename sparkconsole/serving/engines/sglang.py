@@ -34,6 +34,8 @@ class Sglang:
                                 "worked in the same setup")
     #: it takes ``--reasoning-parser`` (vLLM; the console's SGLang start never passed one)
     takes_reasoning_parser = False
+    canary = False
+    keyless_paths = None  # not read from its source: verify says so
     bench_tool: str | None = None
     #: its own flags for a recipe's neutral fields, beyond the long ones every engine shares
     recipe_flags: dict[str, str] = {}

@@ -39,6 +39,18 @@ class Vllm:
     known_hang: str | None = None
     #: it takes ``--reasoning-parser`` (vLLM; the console's SGLang start never passed one)
     takes_reasoning_parser = True
+    canary = True
+    # What vLLM's API key guards. Its check (the ``authentication`` middleware of
+    # vllm/entrypoints/openai/api_server.py; the AuthenticationMiddleware of
+    # vllm/entrypoints/openai/server_utils.py in later releases) passes on, without looking at the key,
+    # an OPTIONS request and every request whose path (after the root path) does not start with ``/v1``.
+    # So with a key, what vLLM serves outside /v1 still answers anyone who reaches its port: paths that
+    # run the model (the same work as /v1, on bodies of anyone's choosing); paths that use its tokenizer
+    # or tell its state (/metrics names the served model and its load); and, in the releases that have
+    # it, one that rescales an elastic expert-parallel engine.
+    keyless_paths = (("/invocations", "/pooling", "/classify", "/score", "/rerank", "/v2/rerank"),
+                     ("/tokenize", "/detokenize", "/health", "/ping", "/load", "/version", "/metrics"),
+                     ("/scale_elastic_ep",))
     bench_tool: str | None = "vllm"  # `vllm bench serve`, in its own image
     #: its own flags for a recipe's neutral fields, beyond the long ones every engine shares
     recipe_flags: dict[str, str] = {}

@@ -205,10 +205,47 @@ class NetTools:
         ``root@PEER`` fails as OpenSSH says it [real-dgx-os.md "The login user"]; NVIDIA's playbooks
         exchange keys for ``$USER@peer`` [dgx-spark-playbooks connect-two-sparks]. The permissive
         twin takes anyone, as before."""
+        unknown = self.host_key_refusal(dst, host)
+        if unknown is not None:
+            return unknown
         user = user or self.account.user  # type: ignore[attr-defined]
         if self.cluster.permissive or user == self.cluster.login(dst.name).user:
             return None
         return f"{user}@{host}: Permission denied (publickey).\r\n"
+
+    def host_key_refusal(self, dst: SimNode, host: str, port: int | None = None) -> str | None:
+        """What OpenSSH prints before any login when the peer's host key is not in this user's
+        ``~/.ssh/known_hosts`` under the name it was dialled by (``HOST``, ``[HOST]:PORT`` off port
+        22, a hashed ``|1|SALT|HASH`` name too): with BatchMode there is no one to ask, so ssh says
+        "Host key verification failed." and exits 255 (sshconnect.c, check_host_key); a known name
+        with another key gets the "REMOTE HOST IDENTIFICATION HAS CHANGED" warning first. Checked
+        in the ``new-keys`` scenario, where the nodes never ssh'd to each other over the fast link;
+        the others model nodes whose known_hosts already hold their peers' keys. ``port`` None
+        (rsync's and docker's ssh): either form of the name is taken."""
+        if self.cluster.scenario != "new-keys" or dst is self.node:
+            return None
+        want = F.ssh_host_key(self.cluster, dst.name).split()[:2]
+        path = f"{self.account.home.rstrip('/')}/.ssh/known_hosts"  # type: ignore[attr-defined]
+        try:
+            text = self.fs.read_text(path)  # type: ignore[attr-defined]
+        except FsError:
+            text = ""
+        seen = False
+        for line in text.splitlines()[:10_000]:
+            words = line.split()
+            if len(words) < 3 or words[0].startswith("#") or words[0].startswith("@"):
+                continue
+            if not any(_known_name(n, host, port) for n in words[0].split(",")):
+                continue
+            if words[1:3] == want:
+                return None
+            seen = seen or words[1] == want[0]
+        if seen:
+            return ("@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\r\n"
+                    "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\r\n"
+                    "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\r\n"
+                    "Host key verification failed.\r\n")
+        return "Host key verification failed.\r\n"
 
     async def c_ssh(self, argv: list[str], io: IO) -> int:
         from sparkconsole.sim.shell import Shell
@@ -241,7 +278,9 @@ class NetTools:
                 io.err(f"ssh: connect to host {h} port 22: No route to host\r\n")
             return 255
         await self.clock.sleep(self.cluster.peer_ssh_s)
-        refused = self.ssh_refusal(dst, _ssh_user(argv[1:], host)[0], h)
+        port = _opt_val(argv[1:], "-p", "22")
+        unknown = self.host_key_refusal(dst, h, int(port) if port.isdigit() else 22)
+        refused = unknown or self.ssh_refusal(dst, _ssh_user(argv[1:], host)[0], h)
         if refused is not None:
             io.err(refused)
             return 255
@@ -308,7 +347,7 @@ class NetTools:
     async def c_curl(self, argv: list[str], io: IO) -> int:
         value_opts = {"-o", "--output", "-w", "--write-out", "--max-time", "-m", "-X", "--request", "-H", "--header",
                       "-d", "--data", "--data-raw", "--data-binary", "--connect-timeout", "-u", "--user", "-A",
-                      "--retry", "-x", "--stderr", "-r", "--range"}
+                      "--retry", "-x", "--stderr", "-r", "--range", "--max-filesize"}
         flags: set[str] = set()
         opts: dict[str, str] = {}
         headers: list[str] = []  # every -H, in order (``@-``: lines from stdin, ``@FILE``: from a file)
@@ -574,3 +613,25 @@ def _hub_answer(path: str, query: str) -> tuple[int, str]:
             e["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 135 if f.size >= 10**10 else 134}
         entries.append(e)
     return 200, json.dumps(entries, separators=(",", ":"))
+
+
+def _known_name(pattern: str, host: str, port: int | None) -> bool:
+    """Whether one known_hosts name (``HOST``, ``[HOST]:PORT``, ``|1|SALT|HASH``) names ``host`` on
+    ``port`` (None: any port), as OpenSSH matches it (hostfile.c; wildcards are not modelled)."""
+    import base64
+    import hashlib
+    import hmac
+
+    names = [host if port in (None, 22) else f"[{host}]:{port}"]
+    if port is None:
+        names.append(f"[{host}]:")
+    if pattern.startswith("|1|"):
+        try:
+            _, _, salt, digest = pattern.split("|")
+            key = base64.b64decode(salt)
+            want = base64.b64decode(digest)
+        except ValueError:
+            return False
+        return any(hmac.compare_digest(hmac.new(key, n.encode(), hashlib.sha1).digest(), want)
+                   for n in names if not n.endswith(":"))
+    return any(pattern == n or (n.endswith(":") and pattern.startswith(n)) for n in names)

@@ -24,6 +24,7 @@ import asyncio
 import bisect
 import contextlib
 import re
+from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -39,17 +40,22 @@ from textual.worker import Worker
 
 from sparkconsole.logs.follow import (
     ERROR_PATTERN,
+    GAP_PREFIX,
     BufferLine,
     FollowEvent,
+    LinesDropped,
     LogBuffer,
     LogLine,
     Reattached,
     StreamDropped,
+    cap_line,
     compile_pattern,
     display_lines,
     display_text,
 )
 from sparkconsole.logs.vllm import VllmLogReport, VllmLogTracker
+from sparkconsole.remote import LOG_HEAD_LINES
+from sparkconsole.serving import engines
 from sparkconsole.ui.keymap import LOGS_ENGINES_BINDING
 from sparkconsole.ui.messages import OpenEngines
 from sparkconsole.ui.render import thin_scrollbars
@@ -63,7 +69,16 @@ StartReader = Callable[[], Awaitable[str]]
 """Reads the start of the followed log from the node (its first lines), for the calibration."""
 BATCH_S = 0.05  # lines read within this are drawn together
 YIELD_EVERY = 64  # lines read before the reader lets the keys through
+PARSE_CHUNK = 200  # lines of the log's start given to the vLLM reader before the keys get a turn
 MARKER_PREFIX = "──── mark "
+
+
+def is_engine_log(image: str | None, *, runs_engine: bool = False) -> bool:
+    """Whether a container's log is an inference engine's (vLLM, SGLang, llama.cpp): the probe
+    found an engine running in it (``runs_engine``), or its image names one. Only such a log goes
+    through the vLLM reader and gets its panel; any other (a web server, a database) is shown as
+    it is: reading it would cost every line a pass over the rules and find nothing."""
+    return runs_engine or engines.for_image(image) is not None
 
 
 class LogHighlighter(Highlighter):
@@ -76,6 +91,9 @@ class LogHighlighter(Highlighter):
         plain = text.plain
         if plain.startswith(MARKER_PREFIX):
             text.stylize("bold yellow")
+            return
+        if plain.startswith(GAP_PREFIX):
+            text.stylize("bold dark_orange")
             return
         text.highlight_regex(ERROR_PATTERN, "bold red")
         if self.pattern is not None:
@@ -195,7 +213,8 @@ class LogScreen(Screen[None]):
     HELP = (
         "A live log. Scroll up to pause following (a badge counts new lines), End to follow again. "
         "/ searches, n/N move between matches, f shows only matching lines, e jumps to the next "
-        "error, m drops a marker line. On a vLLM log, c sets the planner beside what this start measured; "
+        "error, m drops a marker line. A log faster than the view loses its oldest unread lines: a "
+        "line says how many, where. On a vLLM log, c sets the planner beside what this start measured; "
         "E shows the node's engines, this container's first."
     )
 
@@ -266,8 +285,15 @@ class LogScreen(Screen[None]):
         self._panel_scheduled = False
         self._last_report: VllmLogReport | None = None
         self._banner_timer: Any = None
-        self._pending: list[FollowEvent] = []  # read from the stream, not drawn yet
+        # read from the stream, not drawn yet: fewer lines than the buffer holds (a longer batch
+        # would push its own start out of it), past that the oldest are dropped and counted
+        self._pending: deque[FollowEvent] = deque()
+        self._pending_lines = 0
         self._pending_timer: Any = None
+        self.lines_dropped = 0  # lines dropped unread (the follower's and this screen's), shown
+        # the tail's lines wait here while the log's start goes through the vLLM reader, so that
+        # the start is read first and whole (None: not reading the start)
+        self._held: deque[LogLine] | None = None
 
     # ---- layout -----------------------------------------------------------------------------
 
@@ -307,11 +333,27 @@ class LogScreen(Screen[None]):
             text = await self.start_reader()
         except Exception:  # the tail alone still follows; the calibration says what it lacks
             return
-        self._start_text = text
-        if self.tracker.report.state in ("unknown", "starting"):
-            for line in text.splitlines():
-                self.tracker.feed(line)
-            self._schedule_panel()
+        # bounded whatever the reader gave: the command bounds it on the node, this here
+        lines = [cap_line(line) for line in text.splitlines()[:LOG_HEAD_LINES]]
+        self._start_text = "\n".join(lines)
+        if self.tracker.report.state not in ("unknown", "starting"):
+            return
+        # a few thousand lines of rules: in chunks, the keys answered between them
+        self._held = deque(maxlen=self.max_lines)
+        try:
+            for i in range(0, len(lines), PARSE_CHUNK):
+                for line in lines[i : i + PARSE_CHUNK]:
+                    self.tracker.feed(line)
+                self._schedule_panel()
+                await asyncio.sleep(0)
+            while self._held:
+                for _ in range(min(PARSE_CHUNK, len(self._held))):
+                    event = self._held.popleft()
+                    self.tracker.feed(event.text, source=event.source)
+                await asyncio.sleep(0)
+        finally:
+            self._held = None
+        self._schedule_panel()
 
     def on_unmount(self) -> None:
         self.workers.cancel_node(self)
@@ -328,7 +370,7 @@ class LogScreen(Screen[None]):
         count = 0
         try:
             async for event in follower:
-                self._pending.append(event)
+                self._queue(event)
                 if self._pending_timer is None:
                     self._pending_timer = self.set_timer(BATCH_S, self._flush_pending)
                 count += 1
@@ -340,9 +382,29 @@ class LogScreen(Screen[None]):
                 with contextlib.suppress(Exception):
                     await aclose()
 
+    def _queue(self, event: FollowEvent) -> None:
+        """``event`` into the batch to draw. A batch holds what the buffer can show, its lines and
+        the line that says what was dropped: past that (a log faster than the view) its oldest
+        line is dropped and counted where it was."""
+        pending = self._pending
+        pending.append(event)
+        if not isinstance(event, LogLine):
+            return
+        self._pending_lines += 1
+        if self._pending_lines <= max(1, self.max_lines - 1):
+            return
+        i = next(k for k, e in enumerate(pending) if isinstance(e, LogLine))
+        del pending[i]
+        self._pending_lines -= 1
+        before = pending[i - 1] if i else None
+        if isinstance(before, LinesDropped):
+            pending[i - 1] = LinesDropped(before.count + 1)
+        else:
+            pending.insert(i, LinesDropped(1))
+
     def _flush_pending(self) -> None:
         self._pending_timer = None
-        batch, self._pending = self._pending, []
+        batch, self._pending, self._pending_lines = self._pending, deque(), 0
         if batch and self.is_attached:
             self.handle_events(batch)
 
@@ -365,7 +427,10 @@ class LogScreen(Screen[None]):
             if lines:
                 self._add_lines(lines)
                 lines = []
-            if isinstance(event, StreamDropped):
+            if isinstance(event, LinesDropped):
+                self.lines_dropped += event.count
+                self._show([self.buffer.add_gap(event.count, event.source)])
+            elif isinstance(event, StreamDropped):
                 self.stream_state = "dropped"
                 self.drops += 1
                 self._banner(f"⚠ stream lost — re-attaching in {event.retry_in:g}s "
@@ -400,8 +465,11 @@ class LogScreen(Screen[None]):
 
     def _add_lines(self, events: Sequence[LogLine]) -> None:
         added: list[BufferLine] = []
+        held = self._held
         for event in events:
-            if self.tracker is not None:
+            if held is not None:
+                held.append(event)  # after the log's start, which is being read
+            elif self.tracker is not None:
                 self.tracker.feed(event.text, source=event.source)
             added.append(self.buffer.append(event.text, source=event.source, timestamp=event.timestamp))
         if self.tracker is not None:
@@ -413,7 +481,7 @@ class LogScreen(Screen[None]):
         draws them from the buffer (those its filter keeps)."""
         first = self.buffer.dropped + len(self.buffer) - len(lines)
         for offset, line in enumerate(lines):
-            if line.kind == "marker":
+            if line.kind != "line":
                 self._marker_abs.append(first + offset)
         view = self.log_view
         at_end = self._following
@@ -470,6 +538,8 @@ class LogScreen(Screen[None]):
         parts = [{"connecting": "connecting…", "live": "live", "dropped": "stream lost"}[self.stream_state]]
         parts.append("following" if self._following else "paused")
         parts.append(f"{len(self.buffer)} lines")
+        if self.lines_dropped:
+            parts.append(f"{self.lines_dropped:,} dropped (log faster than the view)")
         if self.pattern:
             n = self._filter_count() if self.filter_on else None
             parts.append(f"{'filter' if self.filter_on else 'search'}: {self.pattern!r}" + (f" ({n})" if n is not None else ""))

@@ -67,8 +67,8 @@ class ShownLines(Sequence[str]):
 
 
 class LogBufferView(Log):
-    """The rows of a :class:`LogBuffer`: every line, or only those a filter keeps (markers pass
-    any filter). ``renders`` counts the lines rendered (a cached line is not rendered again)."""
+    """The rows of a :class:`LogBuffer`: every line, or only those a filter keeps (markers and
+    gaps pass any filter). ``renders`` counts the lines rendered (a cached line is not rendered again)."""
 
     def __init__(
         self,
@@ -159,7 +159,7 @@ class LogBufferView(Log):
             rx = self._rx
             shown = []
             for offset, line in enumerate(new):
-                if line.kind == "marker" or rx is None or rx.search(line.display):
+                if line.kind != "line" or rx is None or rx.search(line.display):
                     self.rows.append(first + offset)
                     shown.append(line)
         added = len(shown)
@@ -178,7 +178,7 @@ class LogBufferView(Log):
         return self
 
     def set_filter(self, pattern: str | None) -> None:
-        """Show only the lines matching ``pattern`` (a literal, any case; markers always), or
+        """Show only the lines matching ``pattern`` (a literal, any case; markers and gaps always), or
         every line when it is empty or ``None``. The width is measured again over what shows."""
         buffer = self.buffer
         self._seen_dropped = buffer.dropped
