@@ -18,9 +18,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
+from sparkconsole.deploy.steps import STEP_IDS
 from tests.proc_support import line_reader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,10 +118,15 @@ def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tea
         assert token.startswith("hf_")
         rc, events, err = deploy(state, "--config", demo["config"], "--auto")
         assert rc == 0, (err, events[-3:])
-        # run again: everything is already true, so nothing changes a node
+        # run again: everything is already true, so nothing changes a node but the cluster's lock on the
+        # head (docs/security.md), taken before the first step and released before the result is said
         rc2, again, err2 = deploy(state, "--config", demo["config"], "--auto")
         assert rc2 == 0, (err2, again[-3:])
-        assert not [e for e in again if e["event"] == "command" and e["mutating"]]
+        assert [(e["step"], e["summary"].split(" (", 1)[0], e["rc"]) for e in again
+                if e["event"] == "command" and e["mutating"]] == [
+            ("lock", "take the cluster's lock on this head while the wizard runs", None), ("lock", ANY, 0),
+            ("lock", "release the cluster's lock on this head", None), ("lock", ANY, 0)]
+        assert again[-1]["event"] == "result"
         assert steps(again)["serve"] == "skipped" and steps(again)["weights"] == "skipped"
         # teardown of the first: exactly what it started goes, the services it stopped come back
         first = next(e for e in events if e["event"] == "result")
@@ -136,7 +143,7 @@ def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tea
         assert first["ok"]
     result = events[-1]
     assert result["event"] == "result" and result["ok"] and result["endpoint"].endswith(":8000/v1")
-    assert set(steps(events).values()) <= {"done", "skipped"} and len(steps(events)) == 12  # verify, then the benchmark offered
+    assert set(steps(events).values()) <= {"done", "skipped"} and len(steps(events)) == len(STEP_IDS)  # every step, the benchmark offered last
     d = decisions(events)
     assert d["plan.layout"]["answer"] == d["plan.layout"]["recommended"] == "tp2"
     assert any("TP=1" in m and "does not fit" in m for m in d["plan.layout"]["measured"])
@@ -189,7 +196,7 @@ def test_plan_only_on_stock_dgx_os_sends_nothing_a_stock_spark_would_refuse(tmp_
     assert "root@" not in text and "sudo" not in text  # a stock Spark refuses both
     assert re.search(rf"rsync -a --partial -L --exclude blobs/ .* nvidia@{re.escape(worker_ip)}:", text)
     assert f"docker save vllm/vllm-openai:v0.17.0 | ssh -o BatchMode=yes -o ConnectTimeout=5 nvidia@{worker_ip}" in text
-    (download,) = [e["command"] for e in planned if "--entrypoint hf" in e["command"]]
+    (download,) = [e["command"] for e in planned if "--entrypoint hf" in e["command"] and e["step"] == "weights"]
     assert "docker run --rm --name sparkconsole-download-" in download and "--user 1000:1000" in download
     assert "hf download" not in text  # the host has no hf
     assert "iflag=nocache" in text and "drop_caches" not in text  # the page cache freed without sudo
@@ -212,7 +219,8 @@ def test_plan_only_on_stock_dgx_os_sends_nothing_a_stock_spark_would_refuse(tmp_
     assert not (state / "journal.jsonl").exists()
 
 
-_OUR_NAMES = re.compile(r"(sparkconsole-(?:ray|vllm|sglang|download)-|/sparkconsole/)[0-9a-z]{8}")
+_OUR_NAMES = re.compile(r"(sparkconsole-(?:ray|vllm|sglang|download|canary|canary-fetch|canary-write)-|/sparkconsole/)"
+                        r"[0-9a-z]{8}")
 
 
 def _changes(events: list[dict], kind: str) -> list[tuple[str, str, str]]:
@@ -220,8 +228,9 @@ def _changes(events: list[dict], kind: str) -> list[tuple[str, str, str]]:
     sending them (``command``, mutating, no exit code yet); the deployment's own id made neutral."""
     if kind == "planned":
         picked = [e for e in events if e["event"] == "planned"]
-    else:
-        picked = [e for e in events if e["event"] == "command" and e["mutating"] and e["rc"] is None]
+    else:  # the cluster's lock on the head is the session's, not a step's: --plan-only takes none
+        picked = [e for e in events if e["event"] == "command" and e["mutating"] and e["rc"] is None
+                  and e["step"] != "lock"]
     return sorted((e["step"], e["node"], _OUR_NAMES.sub(r"\1<id>", e["command"])) for e in picked)
 
 
@@ -234,10 +243,11 @@ def test_plan_only_prints_exactly_the_changes_auto_then_sends(tmp_path):
     # and the memory budget given: on stock nodes what stays cached after the caches step (root's to drop)
     # is measured only then, and fitting the budget to it would re-plan what --plan-only showed
     # and an image already on every node: a pulled image copied to a worker stays in its page cache,
-    # root's to drop, measured only by the caches step (what --plan-only cannot know)
+    # root's to drop, measured only by the caches step (what --plan-only cannot know); a GB10 build, so
+    # the canary passes (an upstream one fails it, which --plan-only cannot know either)
     stops = ("--answer", "free-memory.stop=spark-1a32:vllm-glm,spark-1a32:reranker",
-             "--gpu-memory-utilization", "0.68", "--image", "vllm/vllm-openai:v0.17.0")
-    with demo_cluster(tmp_path) as demo:
+             "--gpu-memory-utilization", "0.68", "--image", "nvcr.io/nvidia/vllm:26.03-py3")
+    with demo_cluster(tmp_path, scenario="gb10-ray") as demo:
         rc, planned, err = deploy(tmp_path / "plan-state", "--config", demo["config"], "--plan-only", *stops)
         assert rc == 0, err
         rc, ran, err = deploy(tmp_path / "state", "--config", demo["config"], "--auto", *stops)
@@ -297,7 +307,7 @@ def test_killed_during_the_copy_resumes_without_downloading_again(tmp_path):
     assert rc == 0, (err, events[-3:])
     everything = first + events
     downloads = [e for e in everything if e["event"] == "command" and e["rc"] is None
-                 and "--entrypoint hf" in e["command"]]
+                 and "--entrypoint hf" in e["command"] and e["step"] == "weights"]
     assert len(downloads) == 1  # started once, re-attached after the kill
     assert steps(events)["recon"] == "done"
     assert any(e["event"] == "note" and "re-attached" in e["text"] for e in events)
@@ -318,7 +328,7 @@ def test_three_sparks_with_pipeline_stages_when_tp_cannot_span_them(tmp_path):
     # stages across nodes yet (its vLLM loads the whole model on each rank)
     rc, events, err = deploy(tmp_path / "state", "--demo", "--nodes", "3", "--speed", SPEED, "--auto",
                              "--answer", "plan.layout=tp1-pp3", "--executor", "ray",
-                             "--answer", "engine.image=vllm/vllm-openai:v0.17.0")
+                             "--answer", "engine.image=nvcr.io/nvidia/vllm:26.03-py3")
     assert rc == 0, (err, events[-3:])
     plan = decisions(events)["plan.layout"]
     assert any("TP=1 x PP=3" in m and "fits" in m for m in plan["measured"])

@@ -179,7 +179,7 @@ async def _serve_fault(tmp_path, fault: str, presets: dict[str, str], on: int = 
     default; the head's vLLM 0.17 image has Ray); when the weights are loading (past 20 %), end the Ray
     container of node ``on`` (0: the head, where vLLM runs) with ``fault``; return what the serve step
     did and when."""
-    presets = {"engine.image": "vllm/vllm-openai:v0.17.0", "cluster.executor": "ray", **presets}
+    presets = {"engine.image": "nvcr.io/nvidia/vllm:26.03-py3", "cluster.executor": "ray", **presets}
     loading = asyncio.Event()
 
     def watch(e) -> None:

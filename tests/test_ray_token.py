@@ -30,7 +30,7 @@ from sparkconsole.remote import (
     remove_file,
 )
 from sparkconsole.sim import SimClock, build
-from sparkconsole.sim.model import IMAGE_NEW, IMAGES
+from sparkconsole.sim.model import IMAGE_NEW, IMAGE_NGC_2603, IMAGES
 from sparkconsole.sim.tools.ray import RAY_INVALID_TOKEN, RAY_MISSING_TOKEN, RAY_NO_TOKEN
 from tests.deploy_support import demo_flow
 from tests.test_sim_model import sh
@@ -184,7 +184,9 @@ async def test_an_older_ray_ignores_the_variables_and_disabled_turns_it_off(ray2
 
 async def test_the_wizard_forms_ray_with_a_token_serves_and_teardown_removes_the_files(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
-    presets = {"engine.image": IMAGE_NEW.ref, "cluster.executor": "ray"}  # vLLM 0.17.0's image: Ray 2.54
+    # NGC 26.03: a GB10 build with Ray 2.54 (vLLM 0.17.0's upstream image has the same Ray, but its block-FP8
+    # kernels fail on GB10 at the canary)
+    presets = {"engine.image": IMAGE_NGC_2603.ref, "cluster.executor": "ray"}
     async with demo_flow(tmp_path, presets, speed=SPEED) as run:
         run.flow.runner.journal = Journal(tmp_path / "state" / "journal.jsonl")  # before its first change
         outcome = await asyncio.wait_for(run.task, 400)

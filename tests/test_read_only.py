@@ -158,7 +158,8 @@ async def test_a_real_run_shows_confirms_and_journals_the_engine_check(tmp_path)
     journal = Journal(tmp_path / "journal.jsonl")
     outcome, sent, events, _planned = await _session(tmp_path, "healthy", confirm=confirm, journal=journal)
     assert outcome.ok, outcome.result.message
-    checks = [c for _n, c in sent if "--entrypoint python3" in c.shell()]
+    # the engine step's check (`python3 -c PROGRAM`), not the canary's writer (`python3 -`, on stdin)
+    checks = [c for _n, c in sent if "--entrypoint python3" in c.shell() and c.stdin is None]
     assert len(checks) == 1 and checks[0].mutating  # run once, on the chosen image, as a change
     text = checks[0].shell()
     assert ("engine", text) in asked

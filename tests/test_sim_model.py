@@ -540,6 +540,9 @@ def native_run(rank: int) -> str:
     """The wizard's launch on node ``rank`` (image entrypoint ``vllm serve``)."""
     return (f"docker run -d --name sparkconsole-vllm-{rank} --network host --ipc host --gpus all "
             "--device /dev/infiniband --ulimit memlock=-1 --shm-size 16g -e NCCL_SOCKET_IFNAME=enp1s0f1np1 "
+            # an upstream build on GB10 starts only with the field's workaround: Triton's block-FP8 GEMM
+            # instead of CUTLASS's, which has no sm_121 kernel (vllm#43367)
+            "-e VLLM_DISABLED_KERNELS=CutlassFp8BlockScaledMMKernel "
             f"-v {HF}:/root/.cache/huggingface {IMG17} {QWEN} --tensor-parallel-size 2 "
             f"--gpu-memory-utilization 0.85 --max-model-len 262144 --served-model-name {SERVED} --host 0.0.0.0 "
             "--port 8000 --reasoning-parser qwen3 --distributed-executor-backend mp --nnodes 2 "

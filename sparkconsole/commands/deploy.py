@@ -141,7 +141,7 @@ class Printer:
                       for o in e.options]
             lines.append(f"    → {e.answer} ({e.by}; recommended: {e.recommended}) — {e.why}")
             return "\n".join(lines)
-        if kind == "note":
+        if kind in ("note", "canary"):  # a canary event is a note with its phase (for --json)
             who = f"{e.node}: " if e.node else ""
             return f"    {'!' if e.level != 'info' else '·'} {who}{e.text}"
         if kind == "progress":

@@ -97,6 +97,9 @@ class DeploymentPlan:
     image_id: str = ""
     vllm_version: str | None = None  # the image's own, once the engine step has read it
     engine_checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # canary: {"ok", "key" (the image and flags it proved), "summary"} or the failure's
+    # {"ok": False, "failed_key", "phase", "error"}
+    canary: dict[str, Any] = field(default_factory=dict)
     # network
     set_mtu: int | None = None
     # weights

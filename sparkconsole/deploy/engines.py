@@ -236,6 +236,17 @@ def gb10_build(ref: str) -> bool | None:
     return None
 
 
+# what an engine says when its build lacks kernels for the GPU: CUTLASS's status string for the block-FP8
+# GEMM on sm_121 (cutlass_gemm_caller.cuh, "RuntimeError: Error Internal": vllm#40758, vllm#43367) and
+# CUDA's own for a binary with no code for the device
+KERNEL_FAILURES = ("Error Internal", "no kernel image is available")
+
+
+def is_kernel_failure(line: str) -> bool:
+    """Whether an engine's error line says its build has no working kernels for this GPU."""
+    return any(k in line for k in KERNEL_FAILURES)
+
+
 def known(ref: str) -> KnownImage | None:
     return next((k for k in KNOWN_IMAGES if k.ref == ref), None)
 

@@ -82,6 +82,15 @@ class NoteEvent(Event):
 
 
 @dataclass(frozen=True)
+class CanaryEvent(NoteEvent):
+    """A phase of the canary (``config``, ``written``, ``served``, ``answered``) passed, or failed
+    (level ``error``): a note everywhere a note shows, with its phase for ``--json`` readers."""
+
+    phase: str = ""
+    kind = "canary"
+
+
+@dataclass(frozen=True)
 class DecisionEvent(Event):
     """A decision was met and answered (``answer``) by ``by``: auto, preset, operator."""
 

@@ -239,11 +239,21 @@ IMAGE_NGC = Image("nvcr.io/nvidia/vllm:26.05-py3", "0.20.1", int(23.9 * GB), "20
                           ("com.nvidia.cuda.version", "13.0"), *_UBUNTU_LABELS[:1],
                           ("org.opencontainers.image.version", "24.04")),
                   env=(*_CUDA_ENV, ("NVIDIA_PRODUCT_NAME", "vLLM"), ("VLLM_VERSION", "0.20.1")))
+# NVIDIA's build of vLLM 0.17.1 (NGC release notes: 26.03 -> 0.17.1), still with Ray (from 26.05 none), built
+# for CUDA 13 with sm_121 [research: engines-gb10.md "Images and kernels"]; its Ray version is illustrative
+# (between vLLM 0.17.0's 2.54 and token-by-default 2.61)
+IMAGE_NGC_2603 = Image("nvcr.io/nvidia/vllm:26.03-py3", "0.17.1", int(23.1 * GB), "2026-03-24", True,
+                       entrypoint=("/opt/nvidia/nvidia_entrypoint.sh",), torch="2.10.0a0", cuda="13.0", ray="2.54.0",
+                       cuda_archs=(*_CU130_ARCHS, "sm_121", "compute_121"), commands=(*_VLLM_CMDS, *_RAY_CMDS),
+                       labels=(("com.nvidia.vllm.version", "0.17.1"), ("com.nvidia.build.id", "2026032401"),
+                               ("com.nvidia.cuda.version", "13.0"), *_UBUNTU_LABELS[:1],
+                               ("org.opencontainers.image.version", "24.04")),
+                       env=(*_CUDA_ENV, ("NVIDIA_PRODUCT_NAME", "vLLM"), ("VLLM_VERSION", "0.17.1")))
 IMAGE_SGLANG = Image("lmsysorg/sglang:v0.5.9-cu130", "", int(32.6 * GB), "2026-03-02", True, entrypoint=(),
                      transformers="4.57.1", torch="2.9.1+cu130", sglang_version="0.5.9", cuda="13.0",
                      cuda_archs=_CU130_ARCHS, commands=_PY_CMDS, cmd=("/bin/bash",), labels=_UBUNTU_LABELS,
                      env=_CUDA_ENV)
-IMAGES = {i.ref: i for i in (IMAGE_OLD, IMAGE_NEW, IMAGE_NEW_CU130, IMAGE_NGC, IMAGE_SGLANG)}
+IMAGES = {i.ref: i for i in (IMAGE_OLD, IMAGE_NEW, IMAGE_NEW_CU130, IMAGE_NGC, IMAGE_NGC_2603, IMAGE_SGLANG)}
 
 # what ``ModelRegistry.get_supported_archs()`` of each image knows, among the ones a check asks about
 ARCHS_COMMON = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeLiteForCausalLM", "LlamaForCausalLM",
@@ -291,6 +301,9 @@ class ModelSpec:
     embed_gib: float = 0.0
     vision_gib: float = 0.0
     lm_head_gib: float = 0.0
+    # FP8 with 128x128 weight blocks (``quantization_config.weight_block_size``): vLLM runs its CUTLASS
+    # block-FP8 GEMM, which upstream builds lack for GB10's sm_121 (sim/serve_plan.py)
+    fp8_block: bool = False
 
 
 @dataclass(frozen=True)
@@ -360,7 +373,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("Qwen/Qwen3.5-122B-A10B-FP8", "Qwen3_5MoeForConditionalGeneration", int(125.2 * GB), 52, 40,
                   116.62, 11.33, 10_896.0, 262_144, needs_new_vllm=True, hybrid=True,
                   # 48 layers; bf16 embed/lm_head 248,320 x 3,072 (1.42 GiB each); ViT ~0.85 GiB
-                  layers=48, embed_gib=1.42, vision_gib=0.85, lm_head_gib=1.42),
+                  layers=48, embed_gib=1.42, vision_gib=0.85, lm_head_gib=1.42, fp8_block=True),
         ModelSpec("GadflyII/GLM-4.7-Flash-NVFP4", "Glm4MoeLiteForCausalLM", int(19.9 * GB), 12, 4,
                   17.86, 4.2, 19_500.0, 202_752, layers=47, embed_gib=0.59, lm_head_gib=0.59),
         ModelSpec("Qwen/Qwen3-Embedding-0.6B", "Qwen3ForCausalLM", int(1.19 * GB), 11, 1,

@@ -22,6 +22,18 @@ two-subnet ``story`` with the July 2026 playbook's addressing: both twins of the
 overlay2   ``story`` with Docker's overlay2 image store (the real capture) instead of containerd's.
 ngc-image  ``story``, but the head's new image is NVIDIA's ``nvcr.io/nvidia/vllm:26.05-py3``
            (vLLM 0.20.1, no Ray, entrypoint ``/opt/nvidia/nvidia_entrypoint.sh``).
+gb10-ray   ``story``, and NVIDIA's ``nvcr.io/nvidia/vllm:26.03-py3`` (vLLM 0.17.1 built for sm_121, with
+           Ray) already on every node, as an operator who runs the Ray path keeps it.
+bad-kernel ``story`` on kernel 7.0.0-1019-nvidia (``uname -r``), which breaks RoCE memory
+           registration (ibv_reg_mr_iova2: ENOMEM); recon stops on it.
+new-keys   ``story`` on nodes that never ssh'd to each other over the fast link: no peer's host key is
+           in ``~/.ssh/known_hosts``, and ssh between the nodes checks it as OpenSSH does ("Host key
+           verification failed.", exit 255) until one is added. The other scenarios model nodes whose
+           known_hosts already hold their peers' keys.
+prefill-   ``story``; ``SQUEEZE_AT`` sim seconds in (60 s) a long prompt reaches ``vllm-glm`` and its
+squeeze    prefill grows the EngineCore's memory over ``SQUEEZE_SPAN`` seconds (120 s) until the head
+           would be 2 GiB past empty: ``MemAvailable`` falls to zero and ``/proc/pressure/memory``
+           climbs, unless the engine is stopped first (``docker stop`` frees it).
 ========== =====================================================================================
 
 Every scenario but ``permissive`` behaves like stock DGX OS (../docs/dgx-os.md): a non-root login
@@ -39,6 +51,7 @@ from sparkconsole.sim.model import (
     GIB,
     IMAGE_NEW,
     IMAGE_NGC,
+    IMAGE_NGC_2603,
     IMAGE_OLD,
     IMAGE_SGLANG,
     Container,
@@ -47,7 +60,9 @@ from sparkconsole.sim.model import (
 )
 
 SCENARIOS = ("story", "healthy", "link-down", "node-lost", "old-image", "permissive", "two-subnet", "overlay2",
-             "ngc-image")
+             "ngc-image", "gb10-ray", "bad-kernel", "new-keys", "prefill-squeeze")
+SQUEEZE_AT = 60.0  # prefill-squeeze: when the long prompt arrives (sim seconds)
+SQUEEZE_SPAN = 120.0  # and how long its prefill takes to eat what the head has left, and 2 GiB more
 QWEN = "Qwen/Qwen3.5-122B-A10B-FP8"
 GLM = "GadflyII/GLM-4.7-Flash-NVFP4"
 EMBED = "Qwen/Qwen3-Embedding-0.6B"
@@ -68,6 +83,18 @@ def _service(cluster: SimCluster, node: str, name: str, model: str, argv: list[s
     ct.host_rss = int((2.4 if model == GLM else 1.3) * GIB)
     cluster.add_container(ct)
     return ct
+
+
+def _prefill_squeeze(cluster: SimCluster, node: str, ct: Container, t0: float, span: float) -> None:
+    """``ct``'s engine starts prefilling a long prompt at ``t0``: its EngineCore's unified memory
+    grows linearly for ``span`` seconds by what the node has available at ``t0`` and 2 GiB more (the
+    field's 128K prefill: activations and KV blocks the pool was not sized for). The holder's curve
+    ends when the container stops, so a stop before ``t0 + span`` gives the memory back."""
+    assert ct.engine is not None
+    core = next(h for h in ct.engine.holders if h.node == node and h.gpu)
+    need = cluster.memory(node, t0).available + 2 * GIB
+    v0 = core.bytes_at(t0)
+    core.curve.points = [p for p in core.curve.points if p[0] < t0] + [(t0, v0), (t0 + span, v0 + need)]
 
 
 def _engines_see_lost_node(cluster: SimCluster, node: str, t: float) -> None:
@@ -109,6 +136,8 @@ def build(scenario: str = "story", nodes: int = 2, clock: SimClock | None = None
                 n.images = {IMAGE_OLD.ref: IMAGE_OLD, IMAGE_NGC.ref: IMAGE_NGC, IMAGE_SGLANG.ref: IMAGE_SGLANG}
         else:
             n.images = {IMAGE_OLD.ref: IMAGE_OLD}
+        if scenario == "gb10-ray":
+            n.images[IMAGE_NGC_2603.ref] = IMAGE_NGC_2603
         if n.internet:
             n.hf_token = "hf_" + stable_hex(34, "token", seed, name)
         repos = [EMBED] + ([GLM, RERANK] if i == 0 else []) + ([QWEN] if scenario == "healthy" else [])
@@ -121,10 +150,10 @@ def build(scenario: str = "story", nodes: int = 2, clock: SimClock | None = None
     if scenario != "healthy":
         head = names[0]
         # started about a day ago, in this order, so each one's memory check saw the others
-        _service(c, head, "vllm-glm", GLM,
-                 [GLM, "--served-model-name", "glm-4.7-flash", "--gpu-memory-utilization", "0.70",
-                  "--max-model-len", "131072", "--enable-auto-tool-choice", "--tool-call-parser", "glm47",
-                  "--reasoning-parser", "glm45"], -93_050.0, activity=0.45)
+        glm = _service(c, head, "vllm-glm", GLM,
+                       [GLM, "--served-model-name", "glm-4.7-flash", "--gpu-memory-utilization", "0.70",
+                        "--max-model-len", "131072", "--enable-auto-tool-choice", "--tool-call-parser", "glm47",
+                        "--reasoning-parser", "glm45"], -93_050.0, activity=0.45)
         _service(c, head, "embeddings", EMBED,
                  [EMBED, "--port", "8001", "--gpu-memory-utilization", "0.05", "--runner", "pooling"],
                  -92_700.0, activity=0.12)
@@ -136,4 +165,6 @@ def build(scenario: str = "story", nodes: int = 2, clock: SimClock | None = None
             _service(c, w, "embeddings", EMBED,
                      [EMBED, "--port", "8001", "--gpu-memory-utilization", "0.05", "--runner", "pooling"],
                      -88_400.0, activity=0.1)
+        if scenario == "prefill-squeeze":
+            _prefill_squeeze(c, head, glm, SQUEEZE_AT, SQUEEZE_SPAN)
     return c

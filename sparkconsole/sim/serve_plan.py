@@ -79,6 +79,19 @@ _ENGINE_FRAMES: list[Frame] = [
     (f"{PY}/vllm/v1/engine/core.py", 606, "__init__", "super().__init__("),
     (f"{PY}/vllm/v1/engine/core.py", 102, "__init__", "self.model_executor = executor_class(vllm_config)"),
 ]
+# the profile run down to vLLM's CUTLASS op (vllm/v1/worker/gpu_worker.py determine_available_memory ->
+# gpu_model_runner.profile_run -> the FP8 linear -> _custom_ops.cutlass_scaled_mm -> torch.ops._C)
+_FP8_GEMM_FRAMES: list[Frame] = [
+    (f"{PY}/vllm/v1/worker/gpu_worker.py", 296, "determine_available_memory", "self.model_runner.profile_run()"),
+    (f"{PY}/vllm/v1/worker/gpu_model_runner.py", 4201, "profile_run", "hidden_states, last_hidden_states = "
+     "self._dummy_run("),
+    (f"{PY}/vllm/model_executor/layers/quantization/fp8.py", 612, "apply",
+     "return self.w8a8_block_fp8_linear.apply("),
+    (f"{PY}/vllm/_custom_ops.py", 871, "cutlass_scaled_mm",
+     "torch.ops._C.cutlass_scaled_mm(out, a, b, scale_a, scale_b, bias)"),
+    ("/usr/local/lib/python3.12/dist-packages/torch/_ops.py", 1255, "__call__",
+     "return self._op(*args, **kwargs)"),
+]
 _PARALLEL_CONFIG_FRAMES: list[Frame] = [(f"{PY}/vllm/config/parallel.py", 612, "__post_init__", "raise ValueError(")]
 _ROUTES = [("/openapi.json", "GET, HEAD"), ("/docs", "GET, HEAD"), ("/health", "GET"), ("/load", "GET"),
            ("/v1/models", "GET"), ("/version", "GET"), ("/v1/chat/completions", "POST"),
@@ -173,8 +186,11 @@ class ServePlan:
     kv_alloc: float
 
     def __init__(self, cluster: SimCluster, node: SimNode, container: str, version: str, args: ServeArgs,
-                 t0: float, pid_api: int = 1, activity: float = 0.0, driver_env: DriverEnv | None = None) -> None:
+                 t0: float, pid_api: int = 1, activity: float = 0.0, driver_env: DriverEnv | None = None,
+                 spec: ModelSpec | None = None, kernels_fail: bool = False) -> None:
         self.cluster = cluster
+        # the image's block-FP8 GEMM has no kernels for the node's GPU: its profile run fails
+        self.kernels_fail = kernels_fail
         self.driver = driver_env  # the serve's environment (None: a scenario's service, history)
         # each rank's node -> the environment its worker runs with (after vLLM's Ray copy)
         self.rank_env: dict[str, dict[str, str]] = {node.name: dict(driver_env.env)} if driver_env else {}
@@ -190,7 +206,7 @@ class ServePlan:
         self.api = f"(APIServer pid={pid_api}) "
         self.pid_core = stable_int(150, 6000, node.name, container, t0, "core")
         self.core = f"(EngineCore_DP0 pid={self.pid_core}) "
-        self.spec: ModelSpec | None = MODELS.get(args.model)
+        self.spec: ModelSpec | None = spec or MODELS.get(args.model)
         self.arch = self.spec.architecture if self.spec else "LlamaForCausalLM"
         self.served = args.served_name or args.model
         self.run = EngineRun(model=args.model, served_name=self.served, version=version, port=args.port,
@@ -802,6 +818,13 @@ class ServePlan:
         kv_ranks = [self.args.gmu * CUDA_TOTAL_GIB - w - overhead for w in self.w_ranks]
         self.t += 1.5
         t = self.t
+        if self.kernels_fail:
+            # the profile run's first FP8 linear: an upstream build's CUTLASS block-FP8 GEMM on GB10's
+            # sm_121 returns kErrorInternal, which vLLM's CUTLASS_CHECK raises as the status string
+            # ("cutlass_scaled_mm / cutlass_gemm_caller Error Internal" during the profile run: vllm#40758,
+            # vllm#43367 on an aarch64 cu129 image)
+            self.rank_failed(t, self.span_nodes[0][0], self.span_nodes[0][1], 0, _FP8_GEMM_FRAMES,
+                             "RuntimeError: Error Internal", "kernels")
         if min(kv_ranks) <= 0:
             msg = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
                    "when initializing the engine.")

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -90,6 +91,24 @@ class _Server(asyncssh.SSHServer):
 
 _STDIN_SHELLS = frozenset({"sh", "bash", "sh -s", "bash -s", "/bin/sh", "/bin/bash", "/bin/sh -s",
                            "/bin/bash -s", "sh -", "bash -"})
+# commands that read their input from the channel: an interactive `docker run -i` (the rest get no stdin:
+# a client that keeps its stdin open would otherwise hold every command up)
+_READS_STDIN = re.compile(r"\bdocker run\b[^\n|;&]* (?:-i|--interactive)\b")
+STDIN_MAX = 1 << 20
+
+
+async def _read_all(stream, limit: int) -> str:
+    """The channel's input to its end (``read(n)`` gives what has arrived so far, as a socket does),
+    at most ``limit`` characters."""
+    parts: list[str] = []
+    got = 0
+    while got < limit:
+        chunk = await stream.read(limit - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return "".join(parts)
 
 
 class NodeServer:
@@ -199,6 +218,11 @@ class NodeServer:
                 rc = await self._exec(process, script)
             elif HEADER in cmd:
                 rc = await self._probe(process, cmd)
+            elif _READS_STDIN.search(cmd):
+                # `docker run -i … python3 - …`: the command's input comes on the channel (the console's
+                # miniature writer); read to its end (bounded) before the command runs, as the image's
+                # python3 would read its program before running it
+                rc = await self._exec(process, cmd, await _read_all(process.stdin, STDIN_MAX))
             else:
                 rc = await self._exec(process, cmd)
             if self._lost():
@@ -219,14 +243,15 @@ class NodeServer:
                 stream.write(s)
         return write
 
-    async def _exec(self, process: asyncssh.SSHServerProcess, cmd: str) -> int:
+    async def _exec(self, process: asyncssh.SSHServerProcess, cmd: str, stdin: str | None = None) -> int:
         shell = Shell(self.sim, self.node)
         span = WorkSpan(t0=self.sim.now(), kind="exec", node=self.node)
         if self.sim.record_work:
             self.sim.work_spans.append(span)
         mark = NOMINAL.set(span)  # the run's task takes a copy of this context: its sleeps count there
         try:
-            run = asyncio.ensure_future(shell.run(cmd, self._writer(process.stdout), self._writer(process.stderr)))
+            run = asyncio.ensure_future(shell.run(cmd, self._writer(process.stdout), self._writer(process.stderr),
+                                                  stdin))
         finally:
             NOMINAL.reset(mark)
         closed = asyncio.ensure_future(process.wait_closed())

@@ -752,6 +752,8 @@ def plan_serve(
     pid_api: int = 1,
     activity: float = 0.0,
     driver_env: DriverEnv | None = None,
+    spec: ModelSpec | None = None,
+    kernels_fail: bool = False,
 ) -> EngineRun:
     """Plan one ``vllm serve`` run started at sim time ``t0`` in ``container`` on ``node``
     (``driver_env``: its process's environment; None for the scenarios' long-running services,
@@ -761,7 +763,8 @@ def plan_serve(
     scenario) is applied to the plan at once: see :func:`worker_lost`."""
     from sparkconsole.sim.serve_plan import ServePlan  # it builds on this module's formats and frames
 
-    run = ServePlan(cluster, node, container, version, args, t0, pid_api, activity, driver_env=driver_env).plan()
+    run = ServePlan(cluster, node, container, version, args, t0, pid_api, activity, driver_env=driver_env,
+                    spec=spec, kernels_fail=kernels_fail).plan()
     run.host = args.host
     # vllm/entrypoints/openai/api_server.py: `if token := args.api_key or envs.VLLM_API_KEY:` installs
     # the key check on /v1 (the flag first, then the environment; an empty value is no key)

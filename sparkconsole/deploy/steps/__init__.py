@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.deploy.steps.benchmark import Benchmark
+from sparkconsole.deploy.steps.canary import Canary
 from sparkconsole.deploy.steps.cluster import Cluster
 from sparkconsole.deploy.steps.engine import Engine
 from sparkconsole.deploy.steps.images import Images
@@ -27,7 +28,7 @@ from sparkconsole.deploy.steps.serve import Serve
 from sparkconsole.deploy.steps.verify import Verify
 from sparkconsole.deploy.steps.weights import Weights
 
-STEPS: tuple[type[Step], ...] = (Recon, Plan, Engine, Network, Weights, Images, FreeMemory, Caches, Cluster, Serve,
+STEPS: tuple[type[Step], ...] = (Recon, Plan, Engine, Canary, Network, Weights, Images, FreeMemory, Caches, Cluster, Serve,
                                  Verify, Benchmark)
 STEP_IDS: tuple[str, ...] = tuple(s.id for s in STEPS)
 

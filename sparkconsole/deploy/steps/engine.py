@@ -79,7 +79,13 @@ class Engine(Step):
             (i.ref for i in head.images if for_image(i.ref) is not None), reverse=True)
         measured, good = [], []
         unchecked, maybe = [], []  # not run yet; of those, vLLM images whose name does not say
+        # images whose canary failed in this deployment (the canary step): offered last, never recommended
+        failed = {img: str(d["canary_error"]) for img, d in (flow.plan.engine_checks or {}).items()
+                  if d.get("canary_error")}
         for img in candidates:
+            if img in failed:
+                measured.append(f"{img}: the canary failed: {failed[img]}")
+                continue
             if normalize_image(img) not in present:
                 measured.append(f"{img}: not on any node yet")
                 continue
@@ -133,7 +139,7 @@ class Engine(Step):
         # the known images, GB10 builds first on a GB10 (then newest first, as listed)
         known = sorted(engines.KNOWN_IMAGES, key=lambda k: gb10 and engines.gb10_build(k.ref) is False)
         for k in known:
-            if k.engine is VLLM and all(o.value != k.ref for o in options) and arch in k.archs:
+            if k.engine is VLLM and all(o.value != k.ref for o in options) and arch in k.archs and k.ref not in failed:
                 warn = f"; {engines.UPSTREAM_ON_GB10}" if gb10 and engines.gb10_build(k.ref) is False else ""
                 options.append(Option(k.ref, f"{k.ref} (vLLM {k.version}, known to work)",
                                       k.note + ("; present" if normalize_image(k.ref) in present else
@@ -142,6 +148,10 @@ class Engine(Step):
         for img in sorted(upstream):  # present, knows the model, but no GB10 kernels: last, said why
             options.append(Option(img, f"{img} (on the nodes; upstream build)", engines.UPSTREAM_ON_GB10,
                                   payload=ImageChoice(VLLM.name, img)))
+        for img, line in sorted(failed.items()):  # proven not to serve the model here: last, with the engine's words
+            if all(o.value != img for o in options):
+                options.append(Option(img, f"{img} (its canary failed)", f"the canary said: {line}",
+                                      payload=ImageChoice(VLLM.name, img)))
         for other in (k for k in engines.KNOWN_IMAGES if k.engine is not VLLM):  # another engine, experimental
             if all(o.value != other.engine.name for o in options):
                 options.append(Option(other.engine.name, f"{other.engine.label} ({other.ref})", other.note,

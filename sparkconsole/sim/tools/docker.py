@@ -47,6 +47,7 @@ import re
 import time
 
 from sparkconsole.sim import formats as F
+from sparkconsole.sim import miniature as sim_miniature
 from sparkconsole.sim import vllm_logs
 from sparkconsole.sim.container import (
     IMAGE_TOOLS,
@@ -1084,6 +1085,17 @@ class DockerTools:
             ct.exit_code = 2
             return None
         repo = args.model
+        img = IMAGES.get(_norm_image(ct.image))
+        # a model folder (the canary's miniature): read as vLLM reads it, through the container's mounts
+        local = sim_miniature.local_model(container_fs(self.cluster, ct, img), repo) if repo.startswith("/") else None
+        spec = local or MODELS.get(repo)
+        # an upstream build on GB10 (every simulated node's GPU, sm_121): its CUTLASS block-FP8 GEMM has no
+        # sm_121 kernel (sim/serve_plan.py); a build with sm_121 targets (NGC's) has
+        kernels_fail = bool(spec is not None and spec.fp8_block and ct.gpus and img is not None
+                            and "sm_121" not in img.cuda_archs
+                            # the field's workaround: the Triton block-FP8 kernel instead (vllm#43367)
+                            and "CutlassFp8BlockScaledMMKernel" not in
+                            (driver.env.get("VLLM_DISABLED_KERNELS", "") if driver is not None else ""))
         if repo in MODELS and not self.sees_model(ct, repo) and not self.node.internet:
             ct.log.append(LogLine(t + 4.0, f"(APIServer pid={pid_api}) OSError: We couldn't connect to "
                                   "'https://huggingface.co' to load the files, and couldn't find them in the cached "
@@ -1103,7 +1115,7 @@ class DockerTools:
             vllm_logs.rank_joined(self.cluster, ct)
             return None
         ct.engine = vllm_logs.plan_serve(self.cluster, self.node, ct.name, version, args, t, pid_api=pid_api,
-                                         driver_env=driver)
+                                         driver_env=driver, spec=local, kernels_fail=kernels_fail)
         ct.host_rss = int(2.4 * 1024**3)
         return None
 
@@ -1204,6 +1216,8 @@ class DockerTools:
             io.err("Argument expected for the -c option\nusage: python3 [option] ... [-c cmd | -m mod | file | -] "
                    "[arg] ...\nTry `python -h' for more information.\n")
             return 2
+        if argv[1:2] == ["-"] and sim_miniature.is_writer(io.stdin or ""):  # the canary's writer, on stdin
+            return await sim_miniature.run_writer(self, argv, io)
         program = argv[2] if argv[1:2] == ["-c"] else (io.stdin or "") if argv[1:] in ([], ["-"]) else None
         if program is not None:  # the program runs in the image's Python (sparkconsole.sim.pyexec)
             await self.clock.sleep(2.2)

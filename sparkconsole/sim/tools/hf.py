@@ -16,6 +16,7 @@ the real command's ``typer.Exit()``) otherwise. The token itself is never printe
 from __future__ import annotations
 
 import asyncio
+import json
 
 from sparkconsole.sim import vllm_logs
 from sparkconsole.sim.model import (
@@ -33,6 +34,9 @@ HF_CLI_VERSION = "2.4.0"  # what `hf version` says on the lab's hosts (only that
 STEP_S = 2.0  # sim seconds between progress updates (file sizes, the bar)
 HF_USER = "sparkops"
 HF_ORGS = ("spark-lab",)
+# `hf download` options that take a value (huggingface_hub's cli/download.py)
+_VALUE_OPTS = frozenset({"--repo-type", "--revision", "--include", "--exclude", "--cache-dir", "--local-dir",
+                         "--token", "--max-workers"})
 
 
 class HfTools:
@@ -58,12 +62,50 @@ class HfTools:
                    f"Error: No such command '{argv[1] if len(argv) > 1 else ''}'.\n")
             return 2
         args = argv[2:]
-        repo = next((a for a in args if not a.startswith("-")), None)
-        if repo is None:
+        words: list[str] = []
+        i = 0
+        while i < len(args):  # REPO_ID [FILENAMES]...; an option's value is not a file name
+            if args[i].startswith("-"):
+                i += 2 if args[i] in _VALUE_OPTS else 1
+                continue
+            words.append(args[i])
+            i += 1
+        if not words:
             io.err("Usage: hf download [OPTIONS] REPO_ID [FILENAMES]...\nTry 'hf download -h' for help.\n\n"
                    "Error: Missing argument 'REPO_ID'.\n")
             return 2
-        return await self._hf_download(repo, io)
+        local = next((args[k + 1] for k in range(len(args) - 1) if args[k] == "--local-dir"), None)
+        local = local or next((a.split("=", 1)[1] for a in args if a.startswith("--local-dir=")), None)
+        if local is not None:
+            return await self._hf_download_local(words[0], io, tuple(words[1:]), local)
+        return await self._hf_download(words[0], io, tuple(words[1:]))
+
+    async def _hf_download_local(self, repo: str, io: IO, only: tuple[str, ...], local: str) -> int:
+        """``--local-dir DIR``: the files themselves in DIR (no blobs, no snapshot links; huggingface_hub
+        keeps its metadata under ``DIR/.cache/huggingface``), and DIR printed at the end."""
+        spec = MODELS.get(repo)
+        if not self.node.internet:
+            await self.clock.sleep(5.2)
+            io.err(_hf_offline_error(repo))
+            return 1
+        if spec is None:
+            await self.clock.sleep(0.4)
+            io.err(f"huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error.\n\nRepository Not Found for "
+                   f"url: https://huggingface.co/api/models/{repo}/revision/main.\n")
+            return 1
+        fs = self.fs
+        await self.clock.sleep(0.6)
+        files = [f for f in repo_files(spec) if not only or f.path in only]
+        fs.mkdir(f"{local.rstrip('/')}/.cache/huggingface/download", parents=True)
+        for f in files:
+            await self.clock.sleep(f.size / self.cluster.internet_bps)
+            if f.path == "config.json":  # the one file a reader opens here: its architecture, as the Hub's says
+                fs.write_text(f"{local.rstrip('/')}/{f.path}", json.dumps(
+                    {"architectures": [spec.architecture], "_name_or_path": repo}, indent=2) + "\n")
+            else:
+                fs.put_blob(f"{local.rstrip('/')}/{f.path}", f.size, f.sha256)
+        io.out(f"{local.rstrip('/')}\n")
+        return 0
 
     async def _hf_whoami(self, io: IO) -> int:
         token = io.env.get("HF_TOKEN")
@@ -83,7 +125,10 @@ class HfTools:
         io.out(f"\x1b[1muser: \x1b[0m {HF_USER}\n\x1b[1morgs: \x1b[0m {','.join(HF_ORGS)}\n")
         return 0
 
-    async def _hf_download(self, repo: str, io: IO) -> int:
+    async def _hf_download(self, repo: str, io: IO, only: tuple[str, ...] = ()) -> int:
+        """``only``: the FILENAMES given. Several are ``snapshot_download(allow_patterns=…)`` in
+        huggingface_hub's CLI (a name the repository lacks matches nothing and is skipped); the
+        snapshot folder is printed either way."""
         spec = MODELS.get(repo)
         if not self.node.internet:
             await self.clock.sleep(5.2)
@@ -107,6 +152,8 @@ class HfTools:
             fs.mkdir(f"{base}/{d}", parents=True)
         fs.write_text(f"{base}/refs/main", rev)
         files = repo_files(spec)
+        if only:
+            files = [f for f in files if f.path in only]
         todo = []
         for f in files:
             blob = fs.lookup(f"{base}/blobs/{f.sha256}", follow=False)
