@@ -144,6 +144,7 @@ class NodeFacts:
     disk_free: int | None = None
     disk_mount: str | None = None
     docker: str | None = None
+    kernel: str | None = None  # ``uname -r``'s release (the probe's uname section)
     storage_driver: str | None = None
     image_store: str | None = None  # containerd | classic (the graph drivers: overlay2 ...); None: not read
     images: list[ImageFacts] = field(default_factory=list)
@@ -402,6 +403,7 @@ def facts_from_output(node: str, stdout: str, now: float | None = None) -> NodeF
     f.mem_available = sample.memory.available_bytes
     f.page_cache = sample.memory.page_cache_bytes
     f.docker = sample.host.docker_version
+    f.kernel = sample.host.kernel
     f.containers = [{"name": c.name, "image": c.image, "state": c.state, "status": c.status,
                      "mem": c.mem_used_bytes, "cpu": c.cpu_pct} for c in sample.containers]
     owners = parse_owners(secs["cgroups"].text) if "cgroups" in secs else {}
@@ -465,3 +467,24 @@ def netdev_links(interfaces: Any) -> list[LinkFacts]:
         out.append(LinkFacts(rdma="", netdev=nic.name, up=up, port=1, ipv4=list(nic.ipv4), mtu=nic.mtu,
                              admin_down=_admin_down(nic)))
     return out
+
+
+def known_bad() -> list[dict[str, str]]:
+    """The kernels and drivers known to break a Spark cluster (``deploy/data/known_bad.json``, shipped
+    in the package): data, so an entry is added with its source and no code changes."""
+    from importlib import resources
+
+    text = resources.files("sparkconsole.deploy").joinpath("data/known_bad.json").read_text(encoding="utf-8")
+    entries = json.loads(text).get("entries") or []
+    return [e for e in entries if isinstance(e, dict) and e.get("kind") in ("kernel", "driver") and e.get("match")]
+
+
+def known_bad_on(facts: NodeFacts) -> tuple[str, str] | None:
+    """``(what, fix)`` when the node runs a kernel or driver listed in :func:`known_bad`, else None
+    (a release not read is not bad)."""
+    have = {"kernel": facts.kernel, "driver": facts.driver}
+    for e in known_bad():
+        if have.get(e["kind"]) == e["match"]:
+            return (f"{facts.node}: {e['kind']} {e['match']} is known to break the cluster: {e.get('what', '')}",
+                    str(e.get("fix") or "use another release, then --resume"))
+    return None

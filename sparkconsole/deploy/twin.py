@@ -79,7 +79,7 @@ NODE_FACTS_SPEC = Record({
     "uid": _ID, "gid": _ID, "groups": ListOf(Str(max_len=256), max_items=256),
     "sudo": Str(nullable=True, choices=("all", "drop-caches", "none")),
     "tools": MapOf(Bool(required=True), max_items=64, key=Str(max_len=64)),
-    "home": _OPT, "hf_home": _OPT, "disk_free": _BYTES, "disk_mount": _OPT, "docker": _OPT,
+    "home": _OPT, "hf_home": _OPT, "disk_free": _BYTES, "disk_mount": _OPT, "docker": _OPT, "kernel": _OPT,
     "storage_driver": _OPT, "image_store": _OPT,
     "images": ListOf(Record({"ref": Str(required=True, max_len=1024), "id": Str(required=True, max_len=256),
                              "digest": _OPT, "size": Str(nullable=True, max_len=64)}), max_items=_MANY),

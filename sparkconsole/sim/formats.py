@@ -78,6 +78,22 @@ def meminfo(c: SimCluster, node: str, t: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def pressure_memory(c: SimCluster, node: str, t: float) -> str:
+    """``/proc/pressure/memory`` (PSI, Documentation/accounting/psi.rst): the share of recent time
+    some (``some``) or all (``full``) tasks stalled on memory. The twin's stall follows what is left:
+    nothing above a tenth of the total available, then steeply more as reclaim fights for the last
+    gigabytes (``full`` about two thirds of ``some``, as a real node's trace shows them); the longer
+    averages lag behind. ``total`` (microseconds stalled since boot) grows with uptime."""
+    m = c.memory(node, t)
+    share = m.available / m.total if m.total else 1.0
+    some = 0.0 if share >= 0.10 else min(99.0, ((0.10 - share) / 0.10) ** 0.5 * 90.0)
+    full = some * 0.66
+    up_us = int(c.uptime(node, t) * 1e6)
+    line = lambda kind, v, frac: (  # noqa: E731
+        f"{kind} avg10={v:.2f} avg60={v * 0.6:.2f} avg300={v * 0.2:.2f} total={int(up_us * frac)}")
+    return line("some", some, 0.0004) + "\n" + line("full", full, 0.0002) + "\n"
+
+
 def uptime(c: SimCluster, node: str, t: float) -> str:
     up = c.uptime(node, t)
     idle = up * CPUS * 0.93
@@ -309,12 +325,14 @@ def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
             files.update(_gids(n, i, p))
     files["/proc/meminfo"] = meminfo(c, node, t)
     files["/proc/uptime"] = uptime(c, node, t)
+    files["/proc/pressure/memory"] = pressure_memory(c, node, t)
     files["/proc/sys/kernel/random/boot_id"] = c.boot_id(node) + "\n"
     # a new random UUID at every read (the kernel's CSPRNG): what the head's API key is made from
     files["/proc/sys/kernel/random/uuid"] = str(uuid.uuid4()) + "\n"
     files.update(proc_stats(c, node))
     files["/proc/loadavg"] = loadavg(c, node, t)
     files["/etc/hostname"] = node + "\n"
+    files[SSH_HOST_KEY_FILE] = ssh_host_key(c, node) + "\n"
     files["/proc/sys/kernel/hostname"] = node + "\n"
     # cgroup v2 is mounted (DGX OS 7 / Ubuntu 24.04); the controllers a real v2 host lists
     # (tests/fixtures/real/cgroup-v2: the device capture)
@@ -868,10 +886,41 @@ def ray_status(c: SimCluster, t: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def kernel_uname(node: str, flags: str) -> str:
-    parts = {"s": "Linux", "n": node, "r": KERNEL, "v": "#15-Ubuntu SMP PREEMPT_DYNAMIC Tue Feb 10 18:02:14 UTC 2026",
+# A kernel that breaks RoCE memory registration on a Spark: ibv_reg_mr_iova2 fails with ENOMEM, so
+# NCCL over the fast link dies at its first registration (sparkconsole/deploy/data/known_bad.json
+# names the source). The ``bad-kernel`` scenario's nodes run it.
+BAD_KERNEL = "7.0.0-1019-nvidia"
+
+
+def kernel_release(c: SimCluster | None) -> str:
+    """The release ``uname -r`` prints on the cluster's nodes."""
+    return BAD_KERNEL if c is not None and getattr(c, "scenario", "") == "bad-kernel" else KERNEL
+
+
+def kernel_uname(node: str, flags: str, c: SimCluster | None = None) -> str:
+    parts = {"s": "Linux", "n": node, "r": kernel_release(c), "v": "#15-Ubuntu SMP PREEMPT_DYNAMIC Tue Feb 10 18:02:14 UTC 2026",
              "m": "aarch64", "p": "aarch64", "i": "aarch64", "o": "GNU/Linux"}
     if "a" in flags:
         return " ".join(parts[k] for k in "snrvmpio") + "\n"
     keys = [k for k in "snrvmpio" if k in flags] or ["s"]
     return " ".join(parts[k] for k in keys) + "\n"
+
+
+SSH_HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
+
+
+def ssh_host_key(c: SimCluster, node: str) -> str:
+    """The node's sshd host key, ``ssh-ed25519 BASE64 root@NODE``: a real ed25519 public key made
+    from the cluster's seed and the node's name (the same every run), what node-to-node ssh is
+    checked against in ``~/.ssh/known_hosts`` (tools/net.py)."""
+    import base64
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    seed = hashlib.sha256(f"sshd {getattr(c, 'seed', 0)} {node}".encode()).digest()
+    raw = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    kind = b"ssh-ed25519"
+    blob = len(kind).to_bytes(4, "big") + kind + len(raw).to_bytes(4, "big") + raw
+    return f"ssh-ed25519 {base64.b64encode(blob).decode()} root@{node}"

@@ -1,4 +1,12 @@
-"""Network: the fast link's port, addresses and MTU, a don't-fragment ping and ssh between the nodes."""
+"""Network: the fast link's port, addresses and MTU, the nodes' trust in each other's ssh host keys,
+a don't-fragment ping and ssh between the nodes.
+
+Nothing here runs sudo: a fix that needs root (an MTU, an address, a link set down) is printed for
+the operator to run, and the step stops or reads the nodes again once they say it is done. Trust is
+never blind: each node's host key is read over the console's own ssh connection to that node (the
+transport verified its key), its fingerprint shown, and added to the peers' ``~/.ssh/known_hosts``
+under the fast-link address only after a yes.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +19,25 @@ from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.deploy.weights import peer_port
 from sparkconsole.remote import (
-    command,
+    HOST_KEY_FILE,
+    add_known_hosts,
+    host_key_fingerprint,
+    known_hosts_entry,
+    known_hosts_lines,
+    parse_host_key,
     ping_df,
+    read_host_key,
     ssh_to,
 )
 
 
 class Network(Step):
-    id, title = "network", "Fast link: port, addresses, MTU, a don't-fragment ping"
-    decisions = ("network.mtu",)
+    id, title = "network", "Fast link: port, addresses, MTU, host keys, a don't-fragment ping"
+    decisions = ("network.mtu", "network.trust")
+
+    def __init__(self, flow) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(flow)
+        self._trust: dict[str, list[tuple[str, str]]] = {}  # node → [(peer, known_hosts line)] to add
 
     async def decide(self) -> None:
         facts = [self.flow.fact(n) for n in self.flow.nodes]
@@ -32,28 +50,76 @@ class Network(Step):
             p = hard[0]
             raise StepFailed((f"{p.node}: " if p.node else "") + p.what, p.fix)
         if mtu:
-            low = min(x.fast_link().mtu or 1500 for x in facts)  # type: ignore[union-attr]
-            d = Decision("network.mtu", self.id, "MTU differs between the ends of the fast link", (mtu[0].what,),
-                         (Option(f"set-{low}", f"set MTU {low} on every fast-link twin", "equal MTU; nothing else "
-                                 "changes"), Option("stop", "stop here", "fix the netplan by hand first")),
-                         f"set-{low}", "NCCL hangs (IBV_WC_LOC_LEN_ERR) when the MTUs differ")
-            if await self.runner.decide(d) == "stop":
-                raise StepFailed(mtu[0].what, mtu[0].fix)
-            self.flow.update(set_mtu=low)
+            await self._mtu(mtu[0])
+        await self._decide_trust()
+
+    async def _mtu(self, problem: netenv.Problem) -> None:
+        """MTUs that differ: the commands that fix them need root, so they are printed for the
+        operator to run (stock DGX OS sudo asks a password, which the console never sends or holds);
+        ``checked`` reads the nodes again once they have."""
+        d = Decision("network.mtu", self.id, "MTU differs between the ends of the fast link",
+                     (problem.what, f"run: {problem.fix}"),
+                     (Option("stop", "stop here", "run the printed commands yourself, then --resume"),
+                      Option("checked", "I ran them: read the nodes again", "the step goes on once the MTUs agree")),
+                     "stop", "NCCL hangs (IBV_WC_LOC_LEN_ERR) when the MTUs differ; setting an MTU needs sudo, "
+                     "which the console does not run")
+        if await self.runner.decide(d) == "stop":
+            raise StepFailed(problem.what, problem.fix + ", then --resume")
+        await self.flow.recon(self.flow.nodes)
+        again = [p for p in netenv.check_links([self.flow.fact(n) for n in self.flow.nodes]) if p.kind == "mtu"]
+        if again:
+            raise StepFailed(again[0].what, again[0].fix + ", then --resume")
+
+    async def _decide_trust(self) -> None:
+        """Each node's ssh host key, read over the console's verified connection to it, offered to
+        every other node's ``known_hosts`` under its fast-link address (the copies, the image load,
+        the Ray token and the check below all ssh between the nodes with BatchMode, which fails with
+        "Host key verification failed." on an unknown key). Asked only for keys not there yet."""
+        flow, nodes = self.flow, self.flow.nodes
+        reads = await asyncio.gather(*(self.runner.read(n, read_host_key(), timeout=30) for n in nodes))
+        keys: dict[str, tuple[str, str]] = {}
+        for n, res in zip(nodes, reads, strict=True):
+            key = parse_host_key(res.stdout) if res.ok else None
+            if key is None:
+                raise StepFailed(f"{n}: no ed25519 host key could be read from {HOST_KEY_FILE}",
+                                 f"on {n}: `ls -l /etc/ssh/ssh_host_*` (`sudo ssh-keygen -A` makes missing "
+                                 "keys), then --resume")
+            keys[n] = key
+        wanted = {src: [(dst, known_hosts_entry(flow.ip(dst), peer_port(flow, dst), *keys[dst]))
+                        for dst in nodes if dst != src] for src in nodes}
+        held = await asyncio.gather(*(self.runner.read(src, known_hosts_lines([e for _, e in wanted[src]]),
+                                                       timeout=30) for src in nodes))
+        self._trust = {}
+        for src, res in zip(nodes, held, strict=True):
+            have = set(res.stdout.splitlines()) if res.ok else set()
+            missing = [(dst, e) for dst, e in wanted[src] if e not in have]
+            if missing:
+                self._trust[src] = missing
+        if not self._trust:
+            return
+        peers = sorted({dst for pairs in self._trust.values() for dst, _ in pairs}, key=nodes.index)
+        measured = tuple(f"{dst} {flow.ip(dst)}: {keys[dst][0]} {host_key_fingerprint(keys[dst][1])} (read from "
+                         f"{HOST_KEY_FILE} over the console's verified ssh connection to {dst})" for dst in peers)
+        measured += tuple(f"add to {src}'s ~/.ssh/known_hosts: {', '.join(d for d, _ in pairs)}"
+                          for src, pairs in self._trust.items())
+        d = Decision("network.trust", self.id, "Trust these host keys for ssh between the nodes?", measured,
+                     (Option("add", "add them to each node's ~/.ssh/known_hosts",
+                             "compare each fingerprint with `ssh-keygen -lf " + HOST_KEY_FILE + "` on that node"),
+                      Option("stop", "stop here", "add the keys yourself, then --resume")),
+                     "add", "node-to-node ssh runs with BatchMode (nobody to answer a prompt), so an unknown host "
+                     "key fails the copies; each key shown came from its node over a connection whose own host "
+                     "key the console verified")
+        if await self.runner.decide(d) == "stop":
+            src, pairs = next(iter(self._trust.items()))
+            raise StepFailed(f"{src} does not know {', '.join(d for d, _ in pairs)}'s host key for the fast link",
+                             f"on {src}, append to ~/.ssh/known_hosts: {pairs[0][1]} (after comparing its "
+                             "fingerprint on the peer), then --resume")
 
     async def send(self) -> None:
-        low = self.flow.plan.set_mtu
-        if not low:
-            return
-        for n in self.flow.nodes:
-            for lk in self.flow.fact(n).up_links():
-                if lk.mtu != low and lk.netdev:
-                    cmd = command("sudo", "-n", "ip", "link", "set", "dev", lk.netdev, "mtu", str(low),
-                                  mutating=True, summary=f"set MTU {low} on {lk.netdev}")
-                    res = await self.runner.change(n, cmd)
-                    if not res.ok:
-                        raise StepFailed(f"{n}: {cmd.summary} failed: {res.stderr.strip()[-300:]}")
-        await self.flow.recon(self.flow.nodes)
+        for src, pairs in self._trust.items():
+            names = ", ".join(d for d, _ in pairs)
+            await self.runner.change(src, add_known_hosts([e for _, e in pairs],
+                                                          summary=f"trust {names}'s ssh host key on the fast link"))
 
     async def verify(self) -> None:
         flow = self.flow
@@ -74,6 +140,9 @@ class Network(Step):
                         f"{(res.stdout + res.stderr).strip().splitlines()[-1:] or ['no reply']}", cable)
             port = peer_port(flow, dst)  # the copies dial the same port
             res = await self.runner.read(src, ssh_to(flow.user_at(dst), "true", port=port), timeout=30)
+            if not res.ok and "Host key verification failed" in res.stderr:
+                return (f"{src} does not trust {dst}'s ssh host key at {flow.ip(dst)}; the copy needs it",
+                        "answer network.trust=add (the step reads and shows the key), then --resume")
             if not res.ok:
                 return (f"{src} cannot ssh to {dst} over the fast link ({res.stderr.strip()[-200:]}); the copy "
                         "needs it",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sparkconsole.deploy.flow import GIB
-from sparkconsole.deploy.recon import INSTALL, NodeFacts
+from sparkconsole.deploy.recon import INSTALL, NodeFacts, known_bad_on
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.logs.follow import display_text
@@ -21,6 +21,9 @@ class Recon(Step):
             if not f.reachable:
                 raise StepFailed(f"{f.node} cannot be reached: {f.reason}",
                                  "check the node is on and `ssh` to it works; then --resume")
+            bad = known_bad_on(f)
+            if bad is not None:
+                raise StepFailed(*bad)
             gib = (f.mem_available or 0) / GIB
             links = ", ".join(f"{lk.netdev} {'Up' if lk.up else 'Down'}" for lk in f.links if lk.port == 1) or "?"
             self.runner.note(f"{f.gpu or 'GPU ?'}, driver {f.driver or '?'}, CUDA {f.cuda or '?'}, "

@@ -37,7 +37,7 @@ class SysTools:
 
     async def c_uname(self, argv: list[str], io: IO) -> int:
         flags = "".join(a.lstrip("-") for a in argv[1:] if a.startswith("-"))
-        io.out(F.kernel_uname(self.node_name, flags))
+        io.out(F.kernel_uname(self.node_name, flags, self.cluster))
         return 0
 
     async def c_nproc(self, argv: list[str], io: IO) -> int:
