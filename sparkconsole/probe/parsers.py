@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar
 
+from sparkconsole.probe.memory_guard import Pressure, parse_pressure
 from sparkconsole.probe.samples import (
     MIB,
     Container,
@@ -247,6 +248,20 @@ def parse_meminfo(text: str, reasons: Reasons = None) -> MemInfo:
     elif "mem_total_bytes" not in values:
         _note(reasons, "meminfo.total", "no MemTotal line")
     return MemInfo(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# /proc/pressure/memory (PSI)
+
+
+def parse_psi(text: str, reasons: Reasons = None) -> Pressure | None:
+    """The ``psi`` section: ``/proc/pressure/memory`` (the memory guard's policy reads it,
+    :func:`sparkconsole.probe.memory_guard.parse_pressure`); None with a reason where the kernel
+    has no PSI (no file, ``psi=0``)."""
+    pressure = parse_pressure(text)  # never raises: it reads at most 8 lines by one anchored pattern
+    if pressure is None:
+        _note(reasons, "psi", tool_error(text) or "no /proc/pressure/memory lines (a kernel without PSI)")
+    return pressure
 
 
 # ---------------------------------------------------------------------------------------------
@@ -918,6 +933,26 @@ _RAY_SECTION = re.compile(r"^(Active|Idle|Healthy|Pending|Recent failures|Usage|
 _RAY_COUNT = re.compile(r"^\s*(\d+)\s+\S+")
 _RAY_LAUNCHING = re.compile(r",\s*(\d+)\s+launching\b")
 _RAY_RES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)\s+(CPU|GPU)\b")
+
+
+_RAY_NONE_RUNNING = re.compile(r"Could not find any running Ray instance", re.IGNORECASE)
+_RAY_NOT_INSTALLED = re.compile(r"^(?:timeout: failed to run command [‘'`]?ray[’'`]?: No such file or directory"
+                                r"|(?:[\w./-]*sh: (?:line )?\d+: )?ray: (?:command )?not found)\s*$",
+                                re.IGNORECASE | re.MULTILINE)
+
+
+def ray_absent(text: str, rc: int | None) -> str | None:
+    """Why there is no Ray on this node, when that is all ``ray status`` said: the ``ray`` command
+    is not installed (exit 127, ``ray: not found``) or no Ray instance runs here (Ray's
+    ``ConnectionError: Could not find any running Ray instance ... RAY_ADDRESS``). That is the
+    normal state of a node outside a Ray cluster, not a failure to read it; None otherwise."""
+    if not isinstance(text, str) or rc == 0:
+        return None
+    if _RAY_NONE_RUNNING.search(text):
+        return "no Ray instance running"
+    if rc == 127 or _RAY_NOT_INSTALLED.search(text):
+        return "ray is not installed"
+    return None
 
 
 @_safe(RayStatus)
