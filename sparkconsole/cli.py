@@ -7,14 +7,36 @@ stderr with its exit code; nothing the user typed ever produces a traceback.
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import sys
-from collections.abc import Sequence
+import _signal  # the C module: installed before anything slow is imported (``signal`` pulls in enum)
 
-from sparkconsole import __version__
-from sparkconsole.dependency_warnings import silence_dependency_deprecations
-from sparkconsole.errors import UserError
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C before :func:`main` runs (Python still importing the command's libraries): one line,
+    exit 130, as later; a KeyboardInterrupt here would be a traceback through the import machinery."""
+    import sys
+
+    sys.stderr.write("sparkconsole: interrupted\n")
+    raise SystemExit(130)
+
+
+try:
+    _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+except ValueError:  # imported off the main thread (a test's worker): nothing to install there
+    pass
+
+import argparse  # noqa: E402 - after the handler above, so an interrupt while importing is one line
+import contextlib  # noqa: E402
+import importlib  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+from sparkconsole import __version__  # noqa: E402
+from sparkconsole.dependency_warnings import silence_dependency_deprecations  # noqa: E402
+from sparkconsole.errors import UserError  # noqa: E402
+
+with contextlib.suppress(ValueError):  # imported: Ctrl-C is a KeyboardInterrupt again (main catches it)
+    if _signal.getsignal(_signal.SIGINT) is _interrupted_while_starting:
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
 
 # Order is the order `--help` lists them in.
 COMMANDS = ("tui", "demo", "deploy", "bench", "snapshot", "parse", "plan", "trust", "recipes")
@@ -56,21 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    verbose = bool(args_list) and args_list[0] in ("-v", "--verbose")
-    if verbose:
-        args_list = args_list[1:]
-    # before the subcommands' modules import their libraries (asyncssh warns at import time)
-    silence_dependency_deprecations(verbose)
+    """Every path ends in one line and an exit status: a UserError its own, Ctrl-C 130, whether
+    it comes while the command's modules are still importing or while it runs."""
     try:
+        args_list = list(sys.argv[1:] if argv is None else argv)
+        verbose = bool(args_list) and args_list[0] in ("-v", "--verbose")
+        if verbose:
+            args_list = args_list[1:]
+        # before the subcommands' modules import their libraries (asyncssh warns at import time)
+        silence_dependency_deprecations(verbose)
         parser = build_parser()
-    except KeyboardInterrupt:
-        print("sparkconsole: interrupted", file=sys.stderr)
-        return 130
-    if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version")):
-        args_list = ["tui", *args_list]
-    args = parser.parse_args(args_list)
-    try:
+        if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version")):
+            args_list = ["tui", *args_list]
+        args = parser.parse_args(args_list)
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"sparkconsole: error: {exc.message}", file=sys.stderr)

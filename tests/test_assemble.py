@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkconsole.probe import parsers
-from sparkconsole.probe.assemble import assemble_sample, owner_of, section_failure
+from sparkconsole.probe.assemble import RAY_ABSENT, assemble_sample, owner_of, section_failure
 from sparkconsole.probe.samples import MIB
 from sparkconsole.probe.script import MARK, SECTION_BY_NAME, SectionOutput, probe_script, split_tick
 from tests.conftest import FIXTURES, real_fixture, strip_fixture_header
@@ -83,8 +83,11 @@ def test_real_probe_this_machine():
         assert s.gpus == () and s.memory.gpu_process_bytes is None
         # no GPU: everything used is "other"
         assert s.memory.other_used_bytes == s.memory.total_bytes - s.memory.available_bytes
-    if secs["ray-status"].rc not in (0, None):
-        assert s.ray is None and "ray" in s.unknown
+    if secs["ray-status"].rc not in (0, None):  # no Ray here is Ray absent; any other failure is "not read"
+        if parsers.ray_absent(secs["ray-status"].text, secs["ray-status"].rc):
+            assert s.ray == RAY_ABSENT and "ray" not in s.unknown
+        else:
+            assert s.ray is None and "ray" in s.unknown
     json.dumps(s.to_dict())  # snapshot --json must be able to print it
 
 

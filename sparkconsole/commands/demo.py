@@ -135,6 +135,7 @@ async def _serve(args: argparse.Namespace) -> None:
         print(f"Inventory: {inv}")
         print(f"  sparkconsole --config {inv}")
         print(f"  sparkconsole deploy --config {inv}")
-        print("Try: ... root@127.0.0.1 nvidia-smi | ibdev2netdev | docker ps | free -h. Ctrl-C stops the cluster.")
+        first = next(iter(demo.ssh_commands()), "").partition(": ")[2]  # as the node's login user
+        print(f"Try: {first} nvidia-smi (or ibdev2netdev, docker ps, free -h). Ctrl-C stops the cluster.")
         sys.stdout.flush()
         await stop.wait()

@@ -1,7 +1,8 @@
 """`sparkconsole plan MODEL [options] [--json]`: will this model fit, on one Spark or on several?
 
 Exit 0 when it fits, 1 when it does not, 2 on bad input (a hostile or unknown model id, a broken
-config, options vLLM would refuse). The JSON keys are the contract in ARCHITECTURE.md.
+config, options vLLM would refuse), 3 when a node of the named cluster cannot be reached (its memory
+is what the plan is about: a guess in its place would be a plan for another machine). The JSON keys are the contract in ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser(
         "plan", help="will a model fit: weights, KV cache and concurrency per node, vLLM's arithmetic",
         description="Plan a vLLM deployment on DGX Spark nodes. MODEL is a Hugging Face repo id, a "
-        "local model directory, or a config.json path. Exit 0 fits, 1 does not fit, 2 bad input.")
+        "local model directory, or a config.json path. Exit 0 fits, 1 does not fit, 2 bad input, "
+        "3 a node of the cluster unreachable.")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--tp", type=_pos_int, help="tensor-parallel size (default: --nodes, else 1)")
     p.add_argument("--nodes", type=_pos_int, help="Sparks (one GPU each; default: TP x PP)")
@@ -118,6 +120,24 @@ async def _live_memory(args: argparse.Namespace) -> LiveMemory:
 
     async with open_cluster(args) as config:
         return await probe_node_memory(config, timeout=args.probe_timeout or 20.0)
+
+
+def require_reachable(live: LiveMemory) -> LiveMemory:
+    """Every node of the cluster read, else one line and exit 3 (like every command that cannot reach
+    a node): the plan is for those nodes, and --node-memory-gib plans without them."""
+    from sparkconsole.errors import TransportError
+
+    gone = live.unreachable
+    if not gone:
+        return live
+    first = gone[0]
+    from sparkconsole.logs.follow import display_text
+
+    why = display_text(" ".join(str(first.error or "MemTotal was not read").split())[:300])
+    said = why if why.startswith(f"{first.node}:") else f"{first.node}: {why}"
+    more = f" (and {len(gone) - 1} more node(s))" if len(gone) > 1 else ""
+    raise TransportError(f"{said}{more}; the plan needs its memory (give --node-memory-gib to plan "
+                         "without the nodes)")
 
 
 def _options(args: argparse.Namespace, live: LiveMemory | None = None) -> PlanOptions:
@@ -232,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.model, offline=args.offline)
     if getattr(args, "from_log", None):
         return _run_from_log(args, spec)
-    live = asyncio.run(_live_memory(args)) if wants_live_memory(args) else None
+    live = require_reachable(asyncio.run(_live_memory(args))) if wants_live_memory(args) else None
     result = plan(spec, _options(args, live))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))

@@ -644,17 +644,51 @@ def summarize_safetensors(meta: Any, num_layers: int) -> CheckpointInfo:
     )
 
 
+HUB_CONNECT_TIMEOUT = 5.0  # seconds to open the Hub's port before the plan says it cannot
+
+
+def _hub_unreachable(endpoint: str) -> str | None:
+    """Why the Hub's host cannot be reached (None: it answers, or a proxy stands between).
+
+    huggingface_hub retries a refused or unresolved connection five times with back-off (about 24 s
+    of "Retrying in 1s" warnings) before it gives up; one plain connect, bounded, says the same at
+    once. Behind a proxy the direct connect proves nothing, so the library's own request decides."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+                                       "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlsplit(endpoint)
+    if not url.hostname:
+        return None
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=HUB_CONNECT_TIMEOUT):
+            return None
+    except OSError as exc:
+        return (exc.strerror or exc.__class__.__name__).strip() or exc.__class__.__name__
+
+
 def _fetch_hub(repo_id: str) -> dict[str, Any]:
     """config.json + safetensors headers from the Hub (or ``$HF_ENDPOINT``); no weights."""
+    import logging
+
     try:
-        from huggingface_hub import HfApi
+        from huggingface_hub import HfApi, constants
         from huggingface_hub.errors import HfHubHTTPError, NotASafetensorsRepoError
     except ImportError:  # pragma: no cover - a declared dependency
         raise UserError("huggingface_hub is not installed; give a local config.json instead") from None
     endpoint = os.environ.get("HF_ENDPOINT") or None
+    down = _hub_unreachable(endpoint or constants.ENDPOINT)
+    if down:
+        raise UserError(f"{repo_id}: cannot reach the Hugging Face Hub ({down}) and no cached spec; give a "
+                        "local config.json or directory instead")
+    # the library's retry warnings would be lines of their own before the one-line error
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     api = HfApi(endpoint=endpoint)
     try:
-        cfg_path = api.hf_hub_download(repo_id, "config.json")
+        cfg_path = api.hf_hub_download(repo_id, "config.json", etag_timeout=HUB_CONNECT_TIMEOUT * 2)
         config = _read_json(Path(cfg_path), "config.json")
         geo = geometry_from_config(config, f"{repo_id}: config.json")
         try:

@@ -204,6 +204,11 @@ def _cgroup_stats(containers: tuple[Container, ...], read: Mapping[str, tuple[fl
     return out
 
 
+# A node without Ray (not installed, or no instance running): no Ray node, nothing pending; its
+# resources were not read, so they stay None
+RAY_ABSENT = RayStatus(active_nodes=0, pending_nodes=0)
+
+
 def _prefixed(prefix: str, reasons: Mapping[str, str]) -> dict[str, str]:
     return {(k if k == prefix or k.startswith(prefix + ".") else f"{prefix}.{k}"): v
             for k, v in reasons.items()}
@@ -365,9 +370,11 @@ def assemble_sample(
 
     # --- ray, disk
     ray = prev.ray
-    if "ray-status" in sections:
+    if "ray-status" in sections and p.ray_absent(text("ray-status"), sections["ray-status"].rc):
+        ray = RAY_ABSENT  # not installed, or no instance here: read, and absent (not a "not read" error)
+    elif "ray-status" in sections:
         ray, _ = parse_into("ray-status", "ray", p.parse_ray_status)
-        if ray == RayStatus():  # no Ray here or no cluster: None, the reason says which
+        if ray == RayStatus():  # nothing readable came back: None, the reason says why
             ray = None
     disk = prev.disk
     if "df" in sections:

@@ -14,6 +14,7 @@ from sparkconsole.deploy.recon import NodeFacts, normalize_image
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
+from sparkconsole.planner.live import LiveMemory, NodeMemory
 from sparkconsole.planner.plan import PlanOptions, compare_tp, layout_row
 from sparkconsole.serving.engines import VLLM
 
@@ -24,10 +25,24 @@ LAUNCH_MARGIN = 1 * GIB  # free memory kept above vLLM's start-up check
 
 
 def _cuda_total(f: NodeFacts) -> float:
-    """What vLLM calls the device's total: on a GB10 the 121.69 GiB CUDA reports, else MemTotal."""
+    """What vLLM's start-up check calls the device's total (free >= gmu x total): on a GB10 the
+    121.69 GiB CUDA reports, else MemTotal. The launch's free-memory need is counted on it."""
     if f.gpu and "GB10" in f.gpu:
         return DEFAULT_NODE_MEMORY_GIB * GIB
     return float(f.mem_total or DEFAULT_NODE_MEMORY_GIB * GIB)
+
+
+def live_memory(facts: dict[str, NodeFacts]) -> LiveMemory:
+    """The nodes' memory as `sparkconsole plan --config/--demo` reads it (each node's MemTotal), so
+    the wizard's plan and the planner's give the same KV and concurrency for the same cluster."""
+    return LiveMemory(tuple(NodeMemory(n, total_gib=f.mem_total / GIB) if f.mem_total else
+                            NodeMemory(n, error="MemTotal was not read") for n, f in facts.items()))
+
+
+def plan_memory_gib(facts: dict[str, NodeFacts]) -> float:
+    """The node memory the plan uses: the smallest live MemTotal (vLLM admits on its smallest rank);
+    the contract default only for a node whose MemTotal was not read."""
+    return live_memory(facts).effective_gib
 
 
 class Plan(Step):
@@ -87,7 +102,7 @@ class Plan(Step):
     @staticmethod
     def options(flow: Flow, vllm_version: str | None) -> PlanOptions:
         """The chosen plan's options, as the plan step stored them (for a re-plan by version)."""
-        node_gib = min(_cuda_total(x) for x in flow.facts.values()) / GIB
+        node_gib = plan_memory_gib(flow.facts)
         return PlanOptions(node_memory_gib=node_gib, max_model_len=flow.plan.max_model_len,
                            gpu_memory_utilization=float(flow.plan.gmu or 0.85),
                            kv_cache_dtype=flow.plan.kv_cache_dtype or "auto", vllm_version=vllm_version, force=True,
@@ -97,11 +112,14 @@ class Plan(Step):
         flow = self.flow
         facts = flow.facts
         n_nodes = len(self.runner.nodes)
-        node_gib = min(_cuda_total(x) for x in facts.values()) / GIB
+        node_gib = plan_memory_gib(facts)
+        for said in live_memory(facts).notes():
+            self.runner.note(f"plan: {said}")
         # gmu as memory will be once free-memory has run: at most what stopping every running service
         # frees on the tightest node (vLLM checks free >= gmu x total at start), at most 0.85 (GB10 practice)
         best = min((x.mem_available or 0) + sum(freeing.service_bytes(x).values()) for x in facts.values())
-        room = math.floor(100 * (best - LAUNCH_MARGIN) / (node_gib * GIB)) / 100
+        cuda_total = min(_cuda_total(x) for x in facts.values())  # what vLLM's start-up check multiplies
+        room = math.floor(100 * (best - LAUNCH_MARGIN) / cuda_total) / 100
         gmu = float(flow.plan.gmu_override or min(0.85, max(0.5, room)))
         if gmu < 0.85 and not flow.plan.gmu_override:
             self.runner.note(f"--gpu-memory-utilization {gmu}: even with every service stopped the tightest node has "
@@ -195,8 +213,8 @@ class Plan(Step):
         choices = await freeing.choose_all(facts, need, flow.nodes)  # off the event loop (issue 23 item 11)
         for n, c in choices.items():
             what = ", ".join(c.stop) if c.stop else "nothing"
-            self.runner.note(f"launch needs {need[n] / GIB:.1f} GiB free (gmu {gmu} of {_cuda_total(facts[n]) / GIB:.2f} "
-                        f"GiB); {c.available / GIB:.1f} GiB available now; must go: {what}"
+            self.runner.note(f"launch needs {need[n] / GIB:.1f} GiB free (vLLM's start-up check: gmu {gmu} x the "
+                        f"{_cuda_total(facts[n]) / GIB:.2f} GiB it takes as total); {c.available / GIB:.1f} GiB available now; must go: {what}"
                         + ("" if c.enough else " (and still short)"), node=n)
         self.runner.note(f"plan: TP={tp}" + (f" x PP={pp}" if pp > 1 else "") + f", --max-model-len {mml:,}, --gpu-memory-utilization {gmu}, KV {kv}, "
                     f"{chosen['weights_gib_per_node']:.1f} GiB weights and {chosen['kv_cache_gib_per_node']:.1f} "
