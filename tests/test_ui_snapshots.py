@@ -128,3 +128,16 @@ def test_engine_view_at_120_by_40(snap_compare, tmp_path):
         await engine_view(pilot, app)
 
     assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
+# ---- the node detail at the sizes people use: it opens at its top, the card fits its box ----------
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)], ids=["80x24", "120x40", "200x60"])
+def test_node_detail_at(snap_compare, tmp_path, size):
+    app = demo_app(tmp_path, "story")
+
+    async def run_before(pilot):
+        await node_detail(pilot, app)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

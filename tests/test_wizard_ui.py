@@ -423,13 +423,13 @@ def test_events_fold_into_the_view():
 
 # ---- snapshots: recorded events (tests/wizard_scenes.py), the demo's live node panels ----------
 
-def _snap(snap_compare, tmp_path, scene) -> bool:
+def _snap(snap_compare, tmp_path, scene, size: tuple[int, int] = SIZE) -> bool:
     app = demo_app(tmp_path)
 
     async def run_before(pilot) -> None:
         await scene(pilot, app)
 
-    return snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    return snap_compare(app, terminal_size=size, run_before=run_before)
 
 
 def test_snapshot_at_the_layout_decision(snap_compare, tmp_path):
@@ -438,6 +438,12 @@ def test_snapshot_at_the_layout_decision(snap_compare, tmp_path):
 
 def test_snapshot_while_weights_load(snap_compare, tmp_path):
     assert _snap(snap_compare, tmp_path, wizard_weights_loading)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)], ids=["80x24", "120x40", "200x60"])
+def test_snapshot_while_weights_load_at(snap_compare, tmp_path, size):
+    """The header on one line from 120 columns (the demo's pace in it), the steps beside the step."""
+    assert _snap(snap_compare, tmp_path, wizard_weights_loading, size)
 
 
 async def test_R_rehearses_on_a_twin_and_shows_the_report_without_changing_a_node(tmp_path):

@@ -65,6 +65,17 @@ class SimClock:
             return self._manual_now
         return (time.monotonic() - self._start_wall) * self.speed
 
+    def set_speed(self, speed: float) -> None:
+        """Run a running clock at ``speed`` from now on, its time going on from where it is (the
+        console's demo runs a deployment faster than its overview). Sleeps already begun keep their
+        old pace."""
+        if speed <= 0:
+            raise ValueError("speed must be > 0")
+        if not self.manual:
+            now = self.now()
+            self._start_wall = time.monotonic() - now / speed
+        self.speed = float(speed)
+
     def node_now(self) -> float:
         """The time as a command on a node sees it: inside a command the console sent (or a job it
         started), its start plus what it has waited for (:data:`NOMINAL`), so the simulator's own

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from rich.text import Text
 from textual import work
 from textual.app import App, SystemCommand
-from textual.command import Hit, Hits, Provider
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 from textual.markup import escape
 from textual.screen import ModalScreen, Screen
@@ -59,9 +59,10 @@ from sparkconsole.ui.messages import (
 )
 from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.help import HelpScreen
-from sparkconsole.ui.screens.logs import LogScreen
+from sparkconsole.ui.screens.logs import LogScreen, is_engine_log
 from sparkconsole.ui.screens.node_detail import NodeDetailScreen
 from sparkconsole.ui.screens.overview import OverviewScreen
+from sparkconsole.ui.screens.quit import QuitScreen
 
 if TYPE_CHECKING:
     from sparkconsole.deploy.runner import Settings
@@ -85,7 +86,7 @@ def condensed_strip(states: list[NodeState], width: int) -> Text:
     if trouble:
         text.append(" ·", style="dim")
     for i, state in enumerate(trouble):
-        word = Text(f" {state.name}", style=STRIP_STYLE.get(state.status.value, "yellow"))
+        word = Text(f" {display_text(state.name)}", style=STRIP_STYLE.get(state.status.value, "yellow"))
         more = Text(f" +{len(trouble) - i} more", style="dim")
         if text.cell_len + word.cell_len + (more.cell_len if i < len(trouble) - 1 else 0) > width:
             text.append_text(more)
@@ -102,6 +103,9 @@ class DemoOptions:
     nodes: int = 2
     scenario: str = "story"
     speed: float = 1.0
+    # a deployment runs the sim this much faster (``sparkconsole deploy --demo``'s pace): the story's
+    # ~50 simulated minutes in under two; the overview runs at ``speed`` again when it ends
+    deploy_speed: float = 40.0
     sim_clock: Any = None  # a sparkconsole.sim clock for tests (manual time)
     read_only: bool = False
     twin: Any = None  # a sparkconsole.deploy.twin.Twin: the cluster is that twin, not a scenario
@@ -112,11 +116,31 @@ def _docker_verb(action: str) -> str:
 
 
 class NodeCommands(Provider):
-    """Palette entries: jump to a node, the overview, pause, refresh."""
+    """Palette entries: jump to a node, the overview, pause, refresh. The console's own commands are
+    the palette's first list too (:meth:`discover`, before anything is typed), ahead of Textual's."""
+
+    async def discover(self) -> Hits:
+        app = cast("SparkConsoleApp", self.app)
+        for name, callback, help_text in self._entries(app, discovery=True):
+            yield DiscoveryHit(Content(display_text(name)), callback, help=_as_markup(display_text(help_text)))
 
     async def search(self, query: str) -> Hits:
         app = cast("SparkConsoleApp", self.app)
         matcher = self.matcher(query)
+        for name, callback, help_text in self._entries(app):
+            # the entries name the nodes' containers, and the palette parses a prompt and its help as
+            # markup: cleaned; a prompt markup would change is shown plain (not highlighted), a help
+            # that escaping cannot keep as written is left out
+            name, help_text = display_text(name), display_text(help_text)
+            score = matcher.match(name)
+            if score > 0:
+                prompt = matcher.highlight(name) if _as_markup(name) == name else Content(name)
+                yield Hit(score, prompt, callback, help=_as_markup(help_text))
+
+    @staticmethod
+    def _entries(app: SparkConsoleApp, *, discovery: bool = False) -> list[tuple[str, Callable[[], Any], str]]:
+        """(prompt, callback, help) of every entry; ``discovery``: the screens and the nodes only (a
+        cluster's every container would bury them)."""
         entries: list[tuple[str, Callable[[], Any], str]] = [
             ("Overview", app.action_overview, "Back to every node at a glance"),
             ("Pause / resume polling", app.action_toggle_pause, "Stop or restart the probes"),
@@ -127,6 +151,8 @@ class NodeCommands(Provider):
         ]
         for i, node in enumerate(app.config.nodes, start=1):
             entries.append((f"Go to node {node.name}", partial(app.open_node, i), f"{node.role} · key {i}"))
+            if discovery:
+                continue
             if app.node_state(node.name).engines:
                 entries.append((f"Engines on {node.name}", partial(app.open_engines, node.name),
                                 "what each engine serves: KV cache, tok/s, latency percentiles (key e on the detail)"))
@@ -148,18 +174,10 @@ class NodeCommands(Provider):
                 if c.name:
                     shared.setdefault(c.name, []).append(node.name)
         for container, nodes in shared.items():
-            if len(nodes) > 1:
+            if len(nodes) > 1 and not discovery:
                 entries.append((f"Merged log of {container} on {', '.join(nodes)}",
                                 partial(app.open_merged_logs, container, nodes), "interleaved by time"))
-        for name, callback, help_text in entries:
-            # the entries name the nodes' containers, and the palette parses a prompt and its help as
-            # markup: cleaned; a prompt markup would change is shown plain (not highlighted), a help
-            # that escaping cannot keep as written is left out
-            name, help_text = display_text(name), display_text(help_text)
-            score = matcher.match(name)
-            if score > 0:
-                prompt = matcher.highlight(name) if _as_markup(name) == name else Content(name)
-                yield Hit(score, prompt, callback, help=_as_markup(help_text))
+        return entries
 
 
 def _as_markup(text: str) -> str | None:
@@ -451,12 +469,36 @@ class SparkConsoleApp(App[int]):
         text = Text()
         for i, state in enumerate(self.states(), start=1):
             text.append(f" {i} ", style="reverse")
-            text.append(f" {state.status.glyph} {state.name} ", style=STRIP_STYLE.get(state.status.value, "yellow"))
+            text.append(f" {state.status.glyph} {display_text(state.name)} ",  # a node word: cleaned
+                        style=STRIP_STYLE.get(state.status.value, "yellow"))
         if width is None or text.cell_len + tail.cell_len <= width:
             return text + tail
         return condensed_strip(self.states(), width - tail.cell_len) + tail
 
     # ---- actions ---------------------------------------------------------------------------------
+
+    def deployment_running(self) -> bool:
+        """A deployment or a teardown runs in this console (the wizard's worker)."""
+        return any(w.group == "wizard" and not w.is_finished for w in self.workers)
+
+    async def action_quit(self) -> None:
+        """``q``: leave at once, unless a deployment runs: then ask first (its detached work goes on
+        on the nodes, the run itself stops with the console)."""
+        if not self.deployment_running():
+            self.exit()
+            return
+        if any(isinstance(s, QuitScreen) for s in self.screen_stack):
+            return
+        self.push_screen(QuitScreen("a deployment"), lambda yes: self.exit() if yes else None)
+
+    def action_help_quit(self) -> None:
+        """Ctrl+C (a copy in a text field) says how to quit, in words: Textual's own hint is markup
+        that some toasts show as written."""
+        keys = [key for key, b in self.active_bindings.items() if b.binding.action in ("quit", "app.quit")]
+        if keys:
+            shown = " or ".join(dict.fromkeys("Ctrl+" + k[5:].upper() if k.startswith("ctrl+")
+                                              else k for k in keys))
+            self.notify(f"Press {shown} to quit sparkconsole", title="Do you want to quit?", markup=False)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -587,11 +629,14 @@ class SparkConsoleApp(App[int]):
         transport = self.poller.pollers[node].transport
         command = docker_follow(service.name) if service.kind == "container" else journal_follow(service.name)
         start = None
-        if service.kind == "container":
+        runs = any(w.engine.where == service.name for w in self.node_state(node).engines.values())
+        engine = service.kind == "container" and is_engine_log(service.image, runs_engine=runs)
+        if engine:
             async def start() -> str:  # the engine's first lines: its settings and memory figures
                 res = await transport.run(docker_log_head(service.name), timeout=30)
                 return res.stdout
-        self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command), start_reader=start))
+        self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command), vllm=engine,
+                                   start_reader=start))
 
     def open_merged_logs(self, container: str, nodes: list[str]) -> None:
         """One deployment's logs on several nodes (head and workers), interleaved by time."""
@@ -629,9 +674,24 @@ class SparkConsoleApp(App[int]):
         from sparkconsole.deploy.runner import Settings
 
         if self.demo is not None:
-            return Settings(poll_s=DEPLOY_SIM_POLL_S, speed=float(self.demo.speed))
+            return Settings(poll_s=DEPLOY_SIM_POLL_S, speed=self.demo_speed())
         scale = float(self.config.time_scale)
         return Settings(poll_s=DEPLOY_SIM_POLL_S, speed=scale) if scale != 1.0 else Settings()
+
+    def demo_speed(self) -> float:
+        """Simulated seconds per wall second of the demo's clock now (1 outside a demo)."""
+        if self.demo is None:
+            return 1.0
+        clock = self.demo_cluster.clock if self.demo_cluster is not None else None
+        return float(clock.speed) if clock is not None else float(self.demo.speed)
+
+    def _demo_pace(self, deploying: bool) -> None:
+        """The demo's clock at the deployment's pace while one runs, at the overview's after. A test's
+        manual clock is left alone (it moves only when told)."""
+        clock = self.demo_cluster.clock if self.demo is not None and self.demo_cluster is not None else None
+        if clock is None or clock.manual:
+            return
+        clock.set_speed(max(self.demo.speed, self.demo.deploy_speed) if deploying else self.demo.speed)
 
     @property
     def private_cluster(self) -> bool:
@@ -655,6 +715,7 @@ class SparkConsoleApp(App[int]):
         from sparkconsole.deploy.state import StateStore
 
         read_only = bool(self.config.read_only)
+        self._demo_pace(True)
         request.on_state(True, "")
         try:
             async with open_deployment(
@@ -673,6 +734,8 @@ class SparkConsoleApp(App[int]):
             raise  # worker_failed says it
         else:
             request.on_state(False, "")
+        finally:
+            self._demo_pace(False)
 
     def on_rehearsal_requested(self, request: RehearsalRequested) -> None:
         """The rehearsal runs as a worker of the app (group ``rehearsal``); its failures end in

@@ -33,6 +33,8 @@ def _sections() -> list[tuple[str, str, Sequence[Binding]]]:
     from sparkconsole.ui.screens.confirm import ConfirmScreen
     from sparkconsole.ui.screens.logs import LogScreen
     from sparkconsole.ui.screens.planner import PLANNER_BINDINGS
+    from sparkconsole.ui.screens.quit import QuitScreen
+    from sparkconsole.ui.screens.wizard import StepConfirmScreen
 
     return [
         ("Everywhere", "on every screen, unless the screen binds the same key itself", keymap.APP_BINDINGS),
@@ -47,6 +49,9 @@ def _sections() -> list[tuple[str, str, Sequence[Binding]]]:
         ("Decision", "a wizard decision", keymap.DECISION_BINDINGS),
         ("Rehearsal report", "the report of a rehearsal (`R` in the wizard)", keymap.REHEARSAL_BINDINGS),
         ("Confirmation", "before any command that changes a node", list(ConfirmScreen.BINDINGS)),
+        ("Step confirmation", "before a wizard step's commands (what each does first)",
+         [b for b in StepConfirmScreen.BINDINGS if b not in ConfirmScreen.BINDINGS]),
+        ("Quit", "`q` while a deployment runs", list(QuitScreen.BINDINGS)),
         ("Help", "the help screen (`?`)", keymap.HELP_BINDINGS),
     ]
 

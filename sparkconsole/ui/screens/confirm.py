@@ -109,7 +109,9 @@ class ConfirmScreen(ModalScreen[bool]):
         )
         with Vertical(id="confirm-box"):
             yield Static(title, id="confirm-title")
-            yield Static(Text("This command will run on the node:", style="dim"))
+            lead = "These commands will run on the node, in this order:" if "\n" in self.command_text.strip() \
+                else "This command will run on the node:"
+            yield Static(Text(lead, style="dim"))
             yield Static(Text(self.command_text, style="bold"), id="confirm-command")
             yield Static(
                 Text(self.note or "It is written to the local journal with its exit code."), id="confirm-note"

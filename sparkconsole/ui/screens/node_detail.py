@@ -66,6 +66,52 @@ def gpu_reading(state: NodeState | None) -> str:
     return how + (f" · restarted {restarts}×" if restarts else "")
 
 
+class _CardAt:
+    """The node's card built at the width Rich gives it (the box's content width): the memory bar
+    and the sparklines follow the box instead of wrapping in a narrow one."""
+
+    def __init__(self, state: NodeState, role: str, now: float, alerts: list) -> None:
+        self.args = (state, role, now, alerts)
+
+    def __rich_console__(self, console, options):
+        yield card_renderable(*self.args, options.max_width)
+
+
+class DetailTable(DataTable):
+    """A table of the detail that pages the whole detail, not itself: its rows are few (each table
+    shows at most 14), and the card above them must be reachable from the keyboard. PageUp/PageDown
+    page the detail, Home/End go to its top/bottom (and the first/last row), Up on the first row
+    scrolls the detail up."""
+
+    def _detail(self) -> VerticalScroll:
+        return self.screen.query_one("#detail", VerticalScroll)
+
+    def action_page_up(self) -> None:
+        self._detail().scroll_page_up(animate=False)
+
+    def action_page_down(self) -> None:
+        self._detail().scroll_page_down(animate=False)
+
+    def action_scroll_home(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=0, scroll=False)
+        self._detail().scroll_home(animate=False)
+
+    def action_scroll_end(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=self.row_count - 1, scroll=False)
+        self._detail().scroll_end(animate=False)
+
+    def action_cursor_up(self) -> None:
+        if self.cursor_row <= 0:
+            self._detail().scroll_page_up(animate=False)
+            return
+        super().action_cursor_up()
+
+
+NARROW = 110  # below this width the card and the facts stand one above the other
+
+
 class NodeDetailScreen(LiveScreen):
     """Everything about one node. ``/`` filters the containers; Esc goes back."""
 
@@ -87,12 +133,12 @@ class NodeDetailScreen(LiveScreen):
                 yield Static(id="detail-card")
                 yield Static(id="detail-info")
             yield Static("ConnectX-7 links", classes="section-title")
-            yield DataTable(id="links-table", cursor_type="row", zebra_stripes=True)
+            yield DetailTable(id="links-table", cursor_type="row", zebra_stripes=True)
             yield Static("Services  (l logs · s stop · S start · R restart · D remove)", classes="section-title")
             yield Input(placeholder="filter services (name or image)…", id="container-filter")
-            yield DataTable(id="containers-table", cursor_type="row", zebra_stripes=True)
+            yield DetailTable(id="containers-table", cursor_type="row", zebra_stripes=True)
             yield Static("GPU processes", classes="section-title")
-            yield DataTable(id="gpu-procs-table", cursor_type="row", zebra_stripes=True)
+            yield DetailTable(id="gpu-procs-table", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -104,10 +150,18 @@ class NodeDetailScreen(LiveScreen):
         self.query_one("#gpu-procs-table", DataTable).add_columns("pid", "process", "GPU memory")
         self.query_one("#container-filter", Input).display = False
         thin_scrollbars(self.query_one("#detail", VerticalScroll))
+        self._layout(self.size.width)
         self.mark_ready()
-        self.query_one("#containers-table", DataTable).focus()
+        # focused without scrolling to it: the detail opens at its top, on the node's card
+        self.query_one("#containers-table", DataTable).focus(scroll_visible=False)
         if self.sc.config.services:
             self.load_units()
+
+    def on_resize(self, event) -> None:
+        self._layout(event.size.width)
+
+    def _layout(self, width: int) -> None:
+        self.set_class(width < NARROW, "-narrow")
 
     @work(exclusive=True, group="detail-units", exit_on_error=False)
     async def load_units(self) -> None:
@@ -124,7 +178,7 @@ class NodeDetailScreen(LiveScreen):
         state: NodeState = app.node_state(self.node)
         role = app.config.node(self.node).role
         alerts = [a for a in app.alerts() if a.node == self.node]
-        self.query_one("#detail-card", Static).update(card_renderable(state, role, app.clock(), alerts))
+        self.query_one("#detail-card", Static).update(_CardAt(state, role, app.clock(), alerts))
         sample = state.sample
         self.query_one("#detail-info", Static).update(self._info(sample, state))
         self._fill_links(sample)

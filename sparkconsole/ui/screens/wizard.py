@@ -10,8 +10,9 @@ another), so the two never disagree about what ran:
   a widget, and a test can feed the same events to get the same screen;
 * its ``answer`` callback shows a :class:`~sparkconsole.ui.screens.decision.DecisionScreen` (Esc there
   stops the run at the decision), its ``confirm`` callback the generic
-  :class:`~sparkconsole.ui.screens.confirm.ConfirmScreen` with the step's changing commands, both
-  skipped under auto (``a``). A question waits until the wizard is on screen: the operator who went
+  :class:`~sparkconsole.ui.screens.confirm.ConfirmScreen` with the step's changing commands (what
+  each does first, the exact commands on ``c``), both skipped under auto (``a``) except a teardown's,
+  which is the one question ``t`` asks. A question waits until the wizard is on screen: the operator who went
   back to the overview is told, and answers when they come back with ``w``;
 * the screen does not wire the run: it posts a :class:`~sparkconsole.ui.messages.DeploymentRequested`
   to the app (the deployment, its options, these callbacks), and the app opens it through
@@ -25,7 +26,8 @@ another), so the two never disagree about what ran:
 Beside the steps, one :class:`~sparkconsole.ui.widgets.node_panel.NodePanel` per node is fed the
 poller's samples (the overview's), so memory is seen falling as services stop and rising as
 weights load. Read-only consoles plan and show every step (the runner is read-only and plan-only:
-nothing that changes a node is sent). On the demo cluster the runner's clock speed is the demo's.
+nothing that changes a node is sent). On the demo cluster a deployment runs the sim's clock at the
+demo's ``deploy_speed`` (x40, as ``sparkconsole deploy --demo``), and the header says so.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Button, Footer, Header, Label, Log, ProgressBar, Static
@@ -166,7 +169,11 @@ class WizardRun:
         e = display_fields(e)
         if isinstance(e, StepEvent):
             v = self.view(e.step)
-            v.state, v.note = e.state, e.note
+            if e.state == "skipped" and v.state == "done":
+                # a later pass of the flow (caches → plan again) found its work done: it still ran
+                v.note = v.note or e.note
+            else:
+                v.state, v.note = e.state, e.note
             if e.state in ("running", "waiting", "failed") or self.current is None:
                 self.current = e.step
         elif isinstance(e, CommandEvent):
@@ -322,34 +329,76 @@ def commands_table(commands: Sequence[tuple[str, str]]) -> Table:
     return grid
 
 
-class StepConfirmScreen(ConfirmScreen):
-    """The generic confirmation, for a step's changing commands: wider, one block per command, the
-    commands scrolled when there are many, and the node panels still moving underneath."""
+def summaries_table(commands: Sequence[tuple[str, str, str]]) -> Table:
+    """``node  what it does`` rows, one per command (its summary; the command's first line where it
+    has none), the same summary on the same node said once."""
+    grid = Table.grid(padding=(0, 1), expand=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1)
+    seen: set[tuple[str, str]] = set()
+    for node, command, summary in commands:
+        said = summary or _first_line(command, 100)
+        if (node, said) in seen:
+            continue
+        seen.add((node, said))
+        grid.add_row(Text(node, style="cyan"), Text(said, style="bold"))
+    return grid
 
-    def __init__(self, step: str, commands: Sequence[tuple[str, str]], *, note: str) -> None:
+
+class StepConfirmScreen(ConfirmScreen):
+    """The generic confirmation, for a step's changing commands: wider, what each command does in one
+    line first and the exact commands on ``c`` (a step's scripts are long, quoted shell nobody reads
+    to say yes), scrolled when there are many, and the node panels still moving underneath."""
+
+    BINDINGS = [*ConfirmScreen.BINDINGS,
+                Binding("c", "toggle_commands", "Exact commands", id="confirm.commands",
+                        tooltip="Show the exact commands that will be sent, or back to what each does.")]
+
+    def __init__(self, step: str, commands: Sequence[tuple[str, str] | tuple[str, str, str]], *,
+                 note: str, title: str | None = None) -> None:
         # shown, not run (the runner sends its own RemoteCommands): cleaned, a node's words in them
-        commands = [(display_text(n), display_lines(c)) for n, c in commands]
-        nodes = ", ".join(dict.fromkeys(n for n, _ in commands))
-        count = f"{len(commands)} command{'s' if len(commands) != 1 else ''}"
-        super().__init__(nodes, f"the {step} step's {count}", "\n".join(f"{n} $ {c}" for n, c in commands),
+        full = [(display_text(c[0]), display_lines(c[1]), display_lines(c[2]) if len(c) > 2 else "")
+                for c in commands]
+        nodes = ", ".join(dict.fromkeys(n for n, _, _ in full))
+        count = f"{len(full)} command{'s' if len(full) != 1 else ''}"
+        super().__init__(nodes, title or f"the {step} step's {count}", "\n".join(f"{n} $ {c}" for n, c, _ in full),
                          action="run", note=note)
         self.step = step
-        self.commands = list(commands)
+        self.full = full
+        self.commands = [(n, c) for n, c, _ in full]
+        self.exact = False  # c: the exact commands instead of what they do
+
+    def _lead(self) -> Text:
+        many = len(self.full) != 1
+        nodes = len({n for n, _, _ in self.full})
+        where = "on the node" if nodes == 1 else f"on {nodes} nodes"
+        if self.exact:
+            what = (f"These commands will run {where}, in this order:" if many
+                    else f"This command will run {where}:")
+            return Text(what + "  (c: what each does)", style="dim")
+        what = f"This step will, {where}:" if many else f"This will, {where}:"
+        return Text(what + "  (c: the exact commands)", style="dim")
+
+    def body(self) -> Table:
+        return commands_table(self.commands) if self.exact else summaries_table(self.full)
 
     def compose(self) -> ComposeResult:
         title = Text.assemble(("Run ", "bold"), (self.service, "bold yellow"), (" on ", "bold"),
                               (self.node, "bold cyan"), ("?", "bold"))
-        many = len(self.commands) != 1
         with Vertical(id="confirm-box"):
             yield Static(title, id="confirm-title")
-            yield Static(Text("These commands will run, in this order:" if many else "This command will run:",
-                              style="dim"))
+            yield Static(self._lead(), id="confirm-lead")
             with VerticalScroll(id="step-confirm-scroll", can_focus=False):
-                yield Static(commands_table(self.commands), id="confirm-command")
+                yield Static(self.body(), id="confirm-command")
             yield Static(Text(self.note or ""), id="confirm-note")
             with Horizontal(id="confirm-buttons"):
                 yield Button("Yes, run (y)", variant="warning", id="yes")
                 yield Button("No (n)", variant="primary", id="no")
+
+    def action_toggle_commands(self) -> None:
+        self.exact = not self.exact
+        self.query_one("#confirm-lead", Static).update(self._lead())
+        self.query_one("#confirm-command", Static).update(self.body())
 
 
 def _progress_id(node: str, label: str) -> str:
@@ -464,21 +513,26 @@ class WizardScreen(LiveScreen):
         text.append(self.options.model, style="bold")
         nodes = [display_text(n.name) for n in app.config.nodes]  # node words: cleaned
         text.append(f" on {', '.join(nodes)}", style="dim")
-        text.append("   ")
+        text.append("  ")
         if self.auto:
             text.append(" AUTO ", style="bold black on yellow")
-            text.append(" takes every recommendation (a: ask again)", style="dim")
+            text.append(" takes every recommendation (a: ask)", style="dim")
         else:
-            text.append("asks before each decision and change (a: auto)", style="dim")
+            text.append("asks first (a: auto)", style="dim")
         if self.read_only:
-            text.append("   READ-ONLY: plans and shows every step, sends nothing that changes a node",
+            text.append("  READ-ONLY: plans and shows every step, sends nothing that changes a node",
                         style="bold red")
-        demo = app.demo
-        if demo is not None:
-            text.append("   " + f"demo: sim time x{demo.speed:g}".replace(" ", "\u00a0"), style="dim")  # one piece
+        speed = self.deploy_speed()
+        if speed is not None:  # one piece: the words never split over two lines
+            text.append("  " + f"demo x{speed:g}".replace(" ", "\u00a0"), style="bold")
         if self.until:
-            text.append(f"   stops after {self.until}", style="dim")
+            text.append(f"  stops after {self.until}", style="dim")
         return text
+
+    def deploy_speed(self) -> float | None:
+        """How much faster than the wall the demo's sim runs a deployment; None off the demo."""
+        demo = self.sc.demo
+        return None if demo is None else max(demo.speed, demo.deploy_speed)
 
     def result_text(self) -> Text:
         r = self.run.result
@@ -635,18 +689,9 @@ class WizardScreen(LiveScreen):
         if self.state is None or not (self.state.started or self.state.stopped):
             self.notify("nothing to tear down: this deployment started nothing", timeout=3)
             return
-        st = self.state
-        names = "\n".join(f"{s.node} $ docker rm -f {s.name}" for s in st.started) or "(nothing started)"
-
-        def go(yes: bool | None) -> None:
-            if yes and not self.running:
-                self.run.result = None
-                self._request(teardown=True)
-
-        self.app.push_screen(ConfirmScreen(", ".join(sorted({s.node for s in st.started})) or "the nodes",
-                                           f"deployment {st.id}", names, action="tear down",
-                                           note="Only what this deployment started is removed; the services it "
-                                                "stopped are offered back after."), go)
+        # no dialog here: the teardown's own confirmation shows each node's commands, once
+        self.run.result = None
+        self._request(teardown=True)
 
     def _request(self, *, teardown: bool) -> None:
         """Ask the app to run this deployment (it opens it as ``sparkconsole deploy`` does). Running
@@ -710,15 +755,22 @@ class WizardScreen(LiveScreen):
 
     async def _confirm(self, step: str, commands: Sequence[tuple[str, RemoteCommand]]) -> bool:
         """The runner's confirm: the step's changing commands in a confirmation dialog."""
-        if self.auto:
+        teardown = step == "teardown"  # t asks here, once, auto or not: it is the one question of t
+        if self.auto and not teardown:
             return True
         await self._until_visible(f"confirm the {step} step's commands")
-        if self.auto:
+        if self.auto and not teardown:
             return True
+        ident = self.state.id if self.state else ""
+        shown = [(n, c.shell(), c.summary) for n, c in commands]
+        if teardown:
+            return bool(await self._ask(StepConfirmScreen(
+                step, shown, title=f"the teardown of deployment {ident}",
+                note="Only what this deployment started is removed; the services it stopped are offered back "
+                     "after. Each command is journaled.")))
         return bool(await self._ask(StepConfirmScreen(
-            step, [(n, c.shell()) for n, c in commands],
-            note=f"Each is journaled with deployment {self.state.id if self.state else ''} and step {step}. "
-                 "a in the wizard stops asking (auto).")))
+            step, shown, note=f"Each is journaled with deployment {ident} and step {step}. "
+                              "a in the wizard stops asking (auto).")))
 
     # ---- keys --------------------------------------------------------------------------------
 
