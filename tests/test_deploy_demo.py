@@ -166,7 +166,8 @@ def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tea
     journal = [json.loads(x) for x in (state / "journal.jsonl").read_text().splitlines()]
     # (the cluster step sends nothing for vLLM's native start: there is no Ray to form)
     assert {j["step"] for j in journal} >= {"engine", "weights", "images", "free-memory", "caches", "serve"}
-    assert len({j["deployment"] for j in journal}) == 1
+    # (the cluster's lock on the head is each run's own housekeeping: the run again takes and frees it)
+    assert len({j["deployment"] for j in journal if j["step"] != "lock"}) == 1
     # one download, where the tool is: the engine image's hf (a stock Spark has none on the host)
     assert sum("--entrypoint hf" in j["command"] for j in journal) == 1
     # the token never left the node

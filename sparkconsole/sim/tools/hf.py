@@ -80,18 +80,30 @@ class HfTools:
             return await self._hf_download_local(words[0], io, tuple(words[1:]), local)
         return await self._hf_download(words[0], io, tuple(words[1:]))
 
-    async def _hf_download_local(self, repo: str, io: IO, only: tuple[str, ...], local: str) -> int:
-        """``--local-dir DIR``: the files themselves in DIR (no blobs, no snapshot links; huggingface_hub
-        keeps its metadata under ``DIR/.cache/huggingface``), and DIR printed at the end."""
+    async def _hf_repo(self, repo: str, io: IO):
+        """The repository as the Hub answers for it: None (said on stderr as huggingface_hub says it)
+        when the node does not reach the Hub or the Hub has no such repository."""
         spec = MODELS.get(repo)
         if not self.node.internet:
             await self.clock.sleep(5.2)
             io.err(_hf_offline_error(repo))
-            return 1
+            return None
         if spec is None:
             await self.clock.sleep(0.4)
-            io.err(f"huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error.\n\nRepository Not Found for "
-                   f"url: https://huggingface.co/api/models/{repo}/revision/main.\n")
+            io.err(f"huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error. (Request ID: Root="
+                   f"1-{stable_hex(8, repo)}-{stable_hex(24, repo, 'r')})\n\nRepository Not Found for url: "
+                   f"https://huggingface.co/api/models/{repo}/revision/main.\nPlease make sure you specified the "
+                   "correct `repo_id` and `repo_type`.\nIf you are trying to access a private or gated repo, make "
+                   "sure you are authenticated. For more details, see "
+                   "https://huggingface.co/docs/huggingface_hub/authentication\nInvalid username or password.\n")
+            return None
+        return spec
+
+    async def _hf_download_local(self, repo: str, io: IO, only: tuple[str, ...], local: str) -> int:
+        """``--local-dir DIR``: the files themselves in DIR (no blobs, no snapshot links; huggingface_hub
+        keeps its metadata under ``DIR/.cache/huggingface``), and DIR printed at the end."""
+        spec = await self._hf_repo(repo, io)
+        if spec is None:
             return 1
         fs = self.fs
         await self.clock.sleep(0.6)
@@ -129,19 +141,8 @@ class HfTools:
         """``only``: the FILENAMES given. Several are ``snapshot_download(allow_patterns=…)`` in
         huggingface_hub's CLI (a name the repository lacks matches nothing and is skipped); the
         snapshot folder is printed either way."""
-        spec = MODELS.get(repo)
-        if not self.node.internet:
-            await self.clock.sleep(5.2)
-            io.err(_hf_offline_error(repo))
-            return 1
+        spec = await self._hf_repo(repo, io)
         if spec is None:
-            await self.clock.sleep(0.4)
-            io.err(f"huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error. (Request ID: Root="
-                   f"1-{stable_hex(8, repo)}-{stable_hex(24, repo, 'r')})\n\nRepository Not Found for url: "
-                   f"https://huggingface.co/api/models/{repo}/revision/main.\nPlease make sure you specified the "
-                   "correct `repo_id` and `repo_type`.\nIf you are trying to access a private or gated repo, make "
-                   "sure you are authenticated. For more details, see "
-                   "https://huggingface.co/docs/huggingface_hub/authentication\nInvalid username or password.\n")
             return 1
         fs = self.fs
         owner, name = repo.split("/", 1)

@@ -32,7 +32,27 @@ def _action_of(command: RemoteCommand | str) -> str:
     return ""
 
 
-class ConfirmScreen(ModalScreen[bool]):
+class YesNoScreen(ModalScreen[bool]):
+    """A modal question with a ``#yes`` and a ``#no`` button: ``n`` has the focus (a stray Enter
+    answers no), the arrows and Tab move between the two, ``y``/``n`` (the subclass's bindings, as
+    ``answer(True)``/``answer(False)``) answer."""
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+    def action_toggle_focus(self) -> None:
+        target = "#yes" if self.focused is not None and self.focused.id == "no" else "#no"
+        self.query_one(target, Button).focus()
+
+
+class ConfirmScreen(YesNoScreen):
     """Asks "really?" for one command on one node."""
 
     HELP = "Confirm or cancel the command shown. Nothing is sent until you press y."
@@ -120,16 +140,3 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button(f"Yes, {self.action or 'run'} (y)", variant="warning", id="yes")
                 yield Button("No (n)", variant="primary", id="no")
 
-    def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.dismiss(event.button.id == "yes")
-
-    def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
-
-    def action_toggle_focus(self) -> None:
-        target = "#yes" if self.focused is not None and self.focused.id == "no" else "#no"
-        self.query_one(target, Button).focus()

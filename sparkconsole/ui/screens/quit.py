@@ -11,11 +11,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from sparkconsole.ui.screens.confirm import YesNoScreen
 
-class QuitScreen(ModalScreen[bool]):
+
+class QuitScreen(YesNoScreen):
     """``y`` quits, ``n`` or Esc stays."""
 
     HELP = "A deployment is running: y quits anyway, n stays."
@@ -68,17 +69,3 @@ class QuitScreen(ModalScreen[bool]):
             with Horizontal(id="quit-buttons"):
                 yield Button("Quit (y)", variant="warning", id="yes")
                 yield Button("Stay (n)", variant="primary", id="no")
-
-    def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.dismiss(event.button.id == "yes")
-
-    def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
-
-    def action_toggle_focus(self) -> None:
-        target = "#yes" if self.focused is not None and self.focused.id == "no" else "#no"
-        self.query_one(target, Button).focus()
