@@ -224,11 +224,19 @@ def docker_log_head(container: str, lines: int = LOG_HEAD_LINES, max_bytes: int 
     starts at its last 200 lines). At most ``max_bytes`` of them: a line that never ends (a
     progress bar without newlines, a binary dump) would hold ``head -n`` forever, so ``head -c``
     comes first and ends the read there whatever ``head -n`` buffers. ``head`` closing the pipe
-    ends ``docker logs`` early."""
-    cmd = command("docker", "logs", validate_container(container))
+    ends ``docker logs`` early. The current start's lines only: a restarted container's log still
+    holds its earlier runs (``docker restart`` keeps the log file), whose "ready" would be read as
+    this start's, so the read begins at the container's ``State.StartedAt`` (``--since`` takes
+    RFC 3339); where docker cannot say (the container is gone), the whole log's first lines."""
+    name = validate_container(container)
+    started = command("docker", "inspect", "-f", "{{.State.StartedAt}}", name).shell()
+    since = command("docker", "logs", "--since", "X", name).shell().replace(" X ", ' "$s" ')
+    whole = command("docker", "logs", name).shell()
     n, size = int(lines), int(max_bytes)
-    return RemoteScript((), mutating=False, text=f"{cmd.shell()} 2>&1 | head -c {size} | head -n {n}",
-                        summary=f"the first {n} lines of {container}'s log (at most {size} bytes)")
+    text = (f"if s=$({started} 2>/dev/null) && [ -n \"$s\" ]; then {since}; else {whole}; fi 2>&1 "
+            f"| head -c {size} | head -n {n}")
+    return RemoteScript((), mutating=False, text=text,
+                        summary=f"the first {n} lines of {container}'s log since its start (at most {size} bytes)")
 
 
 SYSTEMCTL_SHOW_PROPS = ("Id", "LoadState", "ActiveState", "SubState")

@@ -60,7 +60,7 @@ async def _sh(c, node: str, cmd: str, step: float = 1.0, limit: float = 120.0) -
 
 def test_fingerprint_is_the_one_ssh_prints() -> None:
     """The fingerprint shown for a key is OpenSSH's (asyncssh computes it independently here)."""
-    c = build("story", clock=SimClock.frozen())
+    c = build("new-keys", clock=SimClock.frozen())
     from sparkconsole.sim.formats import ssh_host_key
 
     line = ssh_host_key(c, WORKER)
@@ -115,8 +115,9 @@ async def test_sim_ssh_checks_known_hosts_as_openssh_does() -> None:
 
 def test_plan_only_never_plans_sudo_nor_blind_trust(tmp_path: Path) -> None:
     """The demo's whole plan: no change runs sudo or turns host-key checking off; the network step
-    plans each node's known_hosts with its peer's key at the peer's fast-link address."""
-    rc, events, said = _deploy(tmp_path, "--demo", "--plan-only", "--json")
+    plans each node's known_hosts with its peer's key at the peer's fast-link address (new-keys: nodes
+    that never met over the fast link; the story's already know each other and are not asked)."""
+    rc, events, said = _deploy(tmp_path, "--demo", "--scenario", "new-keys", "--plan-only", "--json")
     assert rc == 0, said[-2000:]
     planned = [e for e in events if e.get("event") == "planned"]
     sent = [e["command"] for e in events if e.get("event") == "command"] + [e["command"] for e in planned]

@@ -111,10 +111,12 @@ def test_a_hard_wrap_still_joins_within_the_bound() -> None:
 
 @pytest.fixture
 def endless_docker(tmp_path: Path, monkeypatch) -> Path:
-    """A ``docker`` on PATH whose ``logs`` prints a few lines, then one line that never ends."""
+    """A ``docker`` on PATH whose ``logs`` prints a few lines, then one line that never ends (its
+    ``inspect`` answers the container's start time, as docker's does)."""
     script = tmp_path / "bin" / "docker"
     script.parent.mkdir()
-    script.write_text('#!/bin/sh\nprintf "first line\\nsecond line\\n"\nyes x | tr -d "\\n"\n')
+    script.write_text('#!/bin/sh\nif [ "$1" = inspect ]; then echo 2026-12-07T10:00:00.000000000Z; exit 0; fi\n'
+                      'printf "first line\\nsecond line\\n"\nyes x | tr -d "\\n"\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
     return script

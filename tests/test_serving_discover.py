@@ -155,7 +155,7 @@ def test_builders_are_read_only_and_constant():
     assert "docker inspect -f '{{.Name}} {{.Config.Image}} {{json .Path}} {{json .Args}}' $n" in cmd.shell()
     scrape = R.metrics_probe(8001)
     assert not scrape.mutating and scrape.argv[:3] == ("sh", "-c", R.METRICS_PAGE_SCRIPT)
-    assert "curl -sS -m 2 --stderr - -w" in R.METRICS_PAGE_SCRIPT and R.metrics_probe(8001, 8002).argv[4] == "8001,8002"
+    assert f"curl -sS -m 2 --max-filesize {R.METRICS_FETCH_MAX_BYTES} --stderr - -w" in R.METRICS_PAGE_SCRIPT and R.metrics_probe(8001, 8002).argv[4] == "8001,8002"
     for bad in (0, 65536, "8000; touch x", True, None):
         try:
             R.metrics_probe(bad)  # type: ignore[arg-type]

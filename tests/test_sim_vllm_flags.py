@@ -26,7 +26,10 @@ TOP_USAGE = "usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-ba
 # 0.20 added `vllm launch`: argparse wraps the longer usage at 80 columns (no terminal in a container)
 TOP_USAGE_020 = "usage: vllm [-h] [-v]\n            {chat,complete,serve,bench,collect-env,run-batch,launch} ..."
 SERVE_USAGE = "usage: vllm serve [model_tag] [options]"
-VERSIONS = sorted({img.vllm_version for img in IMAGES.values() if img.vllm_version})
+IMAGE_VERSIONS = sorted({img.vllm_version for img in IMAGES.values() if img.vllm_version})
+# the releases whose parser the data holds; a patch release (NGC 26.03's 0.17.1) takes its minor
+# release's parser (a patch release adds no serve flags), checked below
+VERSIONS = [v for v in IMAGE_VERSIONS if v.endswith(".0") or v in ("0.14.1", "0.20.1")]
 
 
 def unknown(*args: str, version: str = "0.14.1") -> str:
@@ -46,7 +49,9 @@ def test_the_data_names_its_source_and_covers_every_image():
     assert src["repository"] == "https://github.com/vllm-project/vllm"
     assert {"vllm/engine/arg_utils.py", "vllm/entrypoints/openai/cli_args.py",
             "vllm/entrypoints/cli/serve.py"} <= set(src["files"])
-    for v in VERSIONS:  # every image's vLLM has its own release's parser
+    for v in IMAGE_VERSIONS:  # every image's vLLM has its minor release's parser
+        assert vl.serve_parser_version(v).rsplit(".", 1)[0] == v.rsplit(".", 1)[0], v
+    for v in VERSIONS:  # and these their own release's
         rel = data["versions"][v]
         assert rel["tag"] == f"v{v}" and rel["commit"] and rel["wheel"].startswith(f"vllm-{v}")
         assert rel["serve_prog"] == "vllm serve" and rel["serve_usage"] == SERVE_USAGE

@@ -181,9 +181,7 @@ async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
                                                                 ("decision", "caches.drop"): after_free_memory})
 
         assert [a for a in asked if a[0] == "decision"] == [
-            # network.trust: the head does not know the worker's key under its fast-link address yet
-            ("decision", d) for d in ("plan.layout", "plan.text-only", "engine.image", "network.trust",
-                                      "free-memory.stop", "caches.drop",
+            ("decision", d) for d in ("plan.layout", "plan.text-only", "engine.image", "free-memory.stop", "caches.drop",
                                       # stock nodes: what stays cached (root's to drop) re-fits the budget
                                       "caches.fit", "cluster.executor", "serve.access",
                                       # after verify: the benchmark offered (Enter: skip, the recommendation)

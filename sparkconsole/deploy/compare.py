@@ -85,7 +85,10 @@ def compare(report: dict[str, Any], state: DeploymentState, journal: list[Journa
             out.steps.append(f"{step}: rehearsal {rehearsed_state}, real {real or '(not run)'}")
     planned = [(str(e["step"]), str(e["node"]), same_command(str(e["command"]))) for e in events
                if e.get("event") == "planned" and e.get("mutating")]
-    mine = [x for x in journal if x.deployment == state.id and not x.command.startswith(JOB_END)]
+    # (the cluster's lock on the head is the session's housekeeping, not a step's change: a rehearsal
+    # takes none, so it is left out of both sides)
+    mine = [x for x in journal if x.deployment == state.id and not x.command.startswith(JOB_END)
+            and x.step != "lock"]
     sent = [(x.step or "", x.node, same_command(x.command)) for x in mine]
     left = list(planned)
     for item in sent:

@@ -909,6 +909,19 @@ def kernel_uname(node: str, flags: str, c: SimCluster | None = None) -> str:
 SSH_HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
 
 
+def ssh_host_private_key(c: SimCluster, node: str) -> bytes:
+    """The node's sshd host key, private, in OpenSSH's format: what the simulated sshd serves, so the
+    key a connection verifies is the one in the node's ``/etc/ssh`` file (:func:`ssh_host_key`)."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+    seed = hashlib.sha256(f"sshd {getattr(c, 'seed', 0)} {node}".encode()).digest()
+    return Ed25519PrivateKey.from_private_bytes(seed).private_bytes(Encoding.PEM, PrivateFormat.OpenSSH,
+                                                                    NoEncryption())
+
+
 def ssh_host_key(c: SimCluster, node: str) -> str:
     """The node's sshd host key, ``ssh-ed25519 BASE64 root@NODE``: a real ed25519 public key made
     from the cluster's seed and the node's name (the same every run), what node-to-node ssh is

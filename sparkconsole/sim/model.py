@@ -1081,6 +1081,16 @@ class SimCluster:
             v.mkdir(hf_hub(acct.home), parents=True)
             v.mkdir(f"{acct.home}/.cache/sparkconsole", parents=True)
             v.mkdir(f"{acct.home}/.ssh", parents=True)
+            if getattr(self, "scenario", "") != "new-keys":
+                # nodes set up as NVIDIA's playbook does (ssh between them once, keys accepted): each knows
+                # its peers' host keys at their fast-link addresses; the new-keys scenario knows none
+                from sparkconsole.sim.formats import ssh_host_key
+
+                peers = [(ip, ssh_host_key(self, p)) for p, n in self.nodes.items() if p != node
+                         for ip in (n.fast_ip, n.fast_ip2) if ip]
+                if peers:
+                    v.write_text(f"{acct.home}/.ssh/known_hosts",
+                                 "".join(f"{ip} {' '.join(key.split()[:2])}\n" for ip, key in peers))
             tok = self.nodes[node].hf_token
             if tok:
                 v.write_text(f"{acct.hf_home}/token", tok)

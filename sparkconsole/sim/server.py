@@ -52,6 +52,7 @@ from sparkconsole.probe.script import (
     SECTION_BY_NAME,
     section_arm,
 )
+from sparkconsole.sim import formats as F
 from sparkconsole.sim.clock import NOMINAL, SimClock
 from sparkconsole.sim.model import SimCluster, WorkSpan
 from sparkconsole.sim.readers import SimReaders, interval_from_command
@@ -418,7 +419,8 @@ async def start_cluster(sim: SimCluster, workdir: str | os.PathLike[str] | None 
     kh_lines = []
     nodes = []
     for name, node in sim.nodes.items():
-        host_key = asyncssh.generate_private_key("ssh-ed25519")
+        # the key in the node's /etc/ssh file (sim/formats.py), as a real sshd serves its own
+        host_key = asyncssh.import_private_key(F.ssh_host_private_key(sim, name))
         srv = NodeServer(sim, name, host_key, authorized)
         port = await srv.start()
         servers[name] = srv

@@ -99,6 +99,12 @@ class Transport(Protocol):
 
     async def close(self) -> None: ...
 
+    def server_host_key(self) -> str | None:
+        """The host key the open connection verified (``TYPE BASE64``), None without one (the local
+        transport, a closed connection): what the node's sshd presents, already checked against
+        known_hosts."""
+        ...
+
     @property
     def connected(self) -> bool: ...
 

@@ -187,6 +187,9 @@ class LocalTransport:
     async def connect(self) -> None:
         self._closed = False
 
+    def server_host_key(self) -> str | None:
+        return None  # no ssh: the node's key is read from its file
+
     async def close(self) -> None:
         self._closed = True
 

@@ -620,6 +620,14 @@ class SshTransport:
             raise
         return conn, route.hops
 
+    def server_host_key(self) -> str | None:
+        """The host key this transport's open connection verified (``TYPE BASE64``), or None."""
+        conn = self._conn
+        key = conn.get_server_host_key() if conn is not None else None
+        if key is None:
+            return None
+        return " ".join(key.export_public_key("openssh").decode().split()[:2])
+
     async def offered_host_key(self) -> OfferedKey:
         """The host key the node offers over the very route :meth:`connect` takes (the inventory's
         jump, ProxyJump and ProxyCommand from the ssh config; every jump verified as usual), and

@@ -168,14 +168,22 @@ class Canary(Step):
             return
         node = self._at = self._node()
         fact = flow.fact(node)
+        if not fact.gpu and not self.runner.plan_only:
+            # what the canary proves is the image's kernels on this GPU: without one it proves nothing
+            self.runner.note(f"not run: recon read no GPU on {node}; {flow.image} is proven only when the model "
+                             "itself starts", "warning")
+            return
         if not fact.hub and not self.runner.plan_only:
             self.runner.note(f"not run: {node} does not reach the Hub for the model's config and tokenizer; "
                              f"{flow.image} is proven only when the model itself starts", "warning")
             return
         if self._gmu(node) is None:
-            self.runner.note(f"not run: {node} has {fact.mem_available / 2**30:.1f} GiB available, less than the "
-                             f"miniature's {CANARY_NEED_BYTES / 2**30:.0f} GiB over {FREE_SHARE:.0%} of it; {flow.image} "
-                             "is proven only when the model itself starts", "warning")
+            share = min(CANARY_GMU, FREE_SHARE * (fact.mem_available or 0) / (fact.mem_total or 1))
+            self.runner.note(f"not run: the canary may take {share * (fact.mem_total or 0) / 2**30:.1f} GiB of {node} "
+                             f"(at most {CANARY_GMU:.0%} of its memory and {FREE_SHARE:.0%} of the "
+                             f"{(fact.mem_available or 0) / 2**30:.1f} GiB available), less than the miniature's "
+                             f"{CANARY_NEED_BYTES / 2**30:.0f} GiB; {flow.image} is proven only when the model itself "
+                             "starts", "warning")
             return
         ctr_dir = self._dirs(node)[1]
         owner = (fact.uid, fact.gid) if fact.uid is not None and fact.gid is not None and fact.uid != 0 else None

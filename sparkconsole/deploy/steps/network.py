@@ -76,10 +76,18 @@ class Network(Step):
         the Ray token and the check below all ssh between the nodes with BatchMode, which fails with
         "Host key verification failed." on an unknown key). Asked only for keys not there yet."""
         flow, nodes = self.flow, self.flow.nodes
-        reads = await asyncio.gather(*(self.runner.read(n, read_host_key(), timeout=30) for n in nodes))
+        # the key each node's sshd presented to the console's own connection (verified against the
+        # laptop's known_hosts): the daemon that answers the peers too; its file where there is no
+        # such connection (a local node), read over the same verified connection
+        live = {n: _verified_key(self.runner.transport(n)) for n in nodes}
+        files = [n for n in nodes if live[n] is None]
+        reads = await asyncio.gather(*(self.runner.read(n, read_host_key(), timeout=30) for n in files))
+        read_of = dict(zip(files, reads, strict=True))
         keys: dict[str, tuple[str, str]] = {}
-        for n, res in zip(nodes, reads, strict=True):
-            key = parse_host_key(res.stdout) if res.ok else None
+        for n in nodes:
+            res = read_of.get(n)
+            key = (parse_host_key(live[n] or "") if live[n] else
+                   parse_host_key(res.stdout) if res is not None and res.ok else None)
             if key is None:
                 raise StepFailed(f"{n}: no ed25519 host key could be read from {HOST_KEY_FILE}",
                                  f"on {n}: `ls -l /etc/ssh/ssh_host_*` (`sudo ssh-keygen -A` makes missing "
@@ -156,3 +164,10 @@ class Network(Step):
         for n in nodes:
             env = " ".join(f"{k}={v}" for k, v in flow.env(n))
             self.runner.note(f"environment: {env}", node=n)
+
+
+def _verified_key(transport: object) -> str | None:
+    """The key the transport's connection verified (:meth:`Transport.server_host_key`); None for a
+    transport without one (a local node, a test's stand-in)."""
+    fn = getattr(transport, "server_host_key", None)
+    return fn() if callable(fn) else None
