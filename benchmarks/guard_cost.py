@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkconsole.remote import GuardFiles, memory_guard_watch  # noqa: E402
+from sparkconsole.remote import GuardFiles, memory_guard_watch
 
 
 def main(argv: list[str] | None = None) -> int:
