@@ -169,7 +169,7 @@ def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tea
     # (the cluster's lock on the head is each run's own housekeeping: the run again takes and frees it)
     assert len({j["deployment"] for j in journal if j["step"] != "lock"}) == 1
     # one download, where the tool is: the engine image's hf (a stock Spark has none on the host)
-    assert sum("--entrypoint hf" in j["command"] for j in journal) == 1
+    assert sum("--entrypoint hf" in j["command"] for j in journal if j["step"] == "weights") == 1
     # the token never left the node
     for text in [json.dumps(events), (state / "journal.jsonl").read_text(),
                  *(p.read_text() for p in (state / "deployments").glob("*.json"))]:
