@@ -1310,7 +1310,7 @@ def head_lock_release(record: str, deployment: str) -> RemoteScript:
 # ---- trust between the nodes (the fast link's ssh) ----------------------------------------------
 # A node's own ed25519 host key, read over the console's ssh connection to that node (whose host key
 # the transport has already verified), so the key another node is told to trust is the one that
-# node's sshd offers, never one accepted blind on first use (no StrictHostKeyChecking=no, no
+# node's sshd offers, never one accepted blind on first use (host-key checking always stays on: no
 # accept-new, no ssh-keyscan over the link).
 HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key.pub"
 HOST_KEY_READ_BYTES = 4096
