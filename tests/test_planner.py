@@ -287,6 +287,39 @@ def test_gb10_gmu_rules(q122):
         plan(q122, PlanOptions(tp=2, gpu_memory_utilization=0.0))
 
 
+def test_the_field_gmu_is_the_bundled_field_recipes_own_at_their_context_length():
+    """0.70 at 262,144 tokens and 0.85 at 65,536 (issue 36): the figures the field's recipes run, the
+    bundled ones included, and the lower one between two measured lengths (the side a host survives)."""
+    import itertools
+
+    import yaml
+
+    bundled = Path(__file__).parents[1] / "sparkconsole" / "recipes" / "bundled"
+    for path in sorted(bundled.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        d = doc.get("defaults") or doc.get("params")
+        assert bud.field_gmu(d["max_model_len"])[0] == d["gpu_memory_utilization"], path.name
+    # a length between two measured ones takes the longer one's figure; an unknown one GB10's usual
+    tokens = [t for t, _, _ in bud.FIELD_GMU]
+    for shorter, longer in itertools.pairwise(tokens):
+        assert bud.field_gmu(shorter + 1)[0] == bud.field_gmu(longer)[0] < bud.field_gmu(shorter)[0]
+    assert bud.field_gmu(tokens[-1] * 4)[0] == bud.field_gmu(tokens[-1])[0]
+    assert bud.field_gmu(None)[0] == bud.DEFAULT_GMU
+
+
+def test_a_gmu_past_the_fields_at_a_long_context_is_warned_with_the_figure_and_its_source(q122):
+    long = q122.geometry.max_position
+    r = plan(q122, PlanOptions(tp=2, gpu_memory_utilization=0.85))
+    assert r.max_model_len == long
+    field, source = bud.field_gmu(long)
+    (said,) = [w for w in r.warnings if "the field runs" in w]
+    assert f"the field runs {field:g}" in said and source.split(":")[0] in said
+    # at the field's own figure, and at a short context with 0.85, nothing is said
+    assert not [w for w in plan(q122, PlanOptions(tp=2, gpu_memory_utilization=field)).warnings
+                if "the field runs" in w]
+    assert not plan(q122, PlanOptions(tp=2, gpu_memory_utilization=0.85, max_model_len=65_536)).warnings
+
+
 def test_option_errors(q122):
     for o in (PlanOptions(tp=3), PlanOptions(tp=2, nodes=4), PlanOptions(max_model_len=10**7),
               PlanOptions(kv_cache_dtype="int3"), PlanOptions(node_memory_gib=float("nan")),

@@ -45,6 +45,18 @@ NCCL_GIB = 0.5
 CUDA_GRAPH_GIB = 0.5
 DROP_CACHES = "sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"
 
+# The gmu the field runs at a context length, on GB10 (issue 36): a long context leaves room for a long
+# prompt's activations and the page cache only when vLLM takes less of the node.
+#   0.85 at 65,536: TechPreacher's qwen/launch-qwen-122b.sh (Qwen3.5-122B-A10B-FP8, 2 Sparks, TP=2)
+#   0.70 at 262,144: spark-arena's recipe-registry qwen3.5-122b-a10b-fp8-vllm.yaml and eugr's
+#                    recipes/qwen3.5-122b-fp8.yaml (the same model and layout)
+# A length between two measured points takes the lower figure (the next longer context's): no recipe
+# in the field runs one, and the lower is the side a host survives.
+FIELD_GMU: tuple[tuple[int, float, str], ...] = (
+    (65_536, 0.85, "TechPreacher's launch-qwen-122b.sh"),
+    (262_144, 0.70, "spark-arena's and eugr's Qwen3.5-122B recipes"),
+)
+
 
 @dataclass(frozen=True)
 class Overheads:
@@ -90,7 +102,20 @@ def estimate_overheads(tp: int, max_num_batched_tokens: int = ACTIVATION_REF_TOK
     return Overheads(activation_gib, non_torch_gib, cuda_graph_gib, note)
 
 
-def check_gmu(gmu: float, force: bool = False) -> list[str]:
+def field_gmu(max_model_len: int | None) -> tuple[float, str]:
+    """The gmu the field runs at ``max_model_len`` tokens (:data:`FIELD_GMU`) and where that figure
+    comes from; the longest measured context's figure for anything longer, DEFAULT_GMU for an
+    unknown length."""
+    if not max_model_len:
+        return DEFAULT_GMU, "GB10 practice"
+    for tokens, gmu, source in FIELD_GMU:
+        if max_model_len <= tokens:
+            return gmu, f"{source}: {gmu:g} at {tokens:,} tokens"
+    tokens, gmu, source = FIELD_GMU[-1]
+    return gmu, f"{source}: {gmu:g} at {tokens:,} tokens"
+
+
+def check_gmu(gmu: float, force: bool = False, max_model_len: int | None = None) -> list[str]:
     """GB10 rules for ``--gpu-memory-utilization``: warnings, or a UserError when refused."""
     if not math.isfinite(gmu) or gmu <= 0 or gmu > 1:
         raise UserError(f"--gpu-memory-utilization must be in (0, 1], got {gmu}")
@@ -103,6 +128,11 @@ def check_gmu(gmu: float, force: bool = False) -> list[str]:
         warnings.append(
             f"gpu_memory_utilization {gmu} is above {GMU_WARN}: on GB10 unified memory the OS and page "
             "cache need the rest; the host may swap and stall requests (0.80-0.85 is safe practice)")
+    field, source = field_gmu(max_model_len)
+    if max_model_len and gmu > field and gmu <= GMU_WARN:
+        warnings.append(
+            f"gpu_memory_utilization {gmu:g} at --max-model-len {max_model_len:,}: the field runs {field:g} at this "
+            f"length ({source}); a full-length prompt's prefill needs the rest of the node")
     return warnings
 
 

@@ -273,7 +273,7 @@ def _plan(spec: ModelSpec, o: PlanOptions, weights_bytes: float | None = None,
     if o.pp > 1:
         return _plan_pp(spec, o, explore)
     tp, nodes, mml = resolve(spec, o)
-    warnings = bud.check_gmu(o.gpu_memory_utilization, o.force)
+    warnings = bud.check_gmu(o.gpu_memory_utilization, o.force, mml)
     geo = spec.geometry
     spec_tokens = o.num_speculative_tokens
     w = estimate_weights(spec, tp, include_vision=not o.language_model_only, include_mtp=spec_tokens > 0)

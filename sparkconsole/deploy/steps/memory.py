@@ -14,6 +14,7 @@ from sparkconsole.deploy.state import Stopped
 from sparkconsole.deploy.steps.base import Step
 from sparkconsole.deploy.steps.plan import LAUNCH_MARGIN, _cuda_total
 from sparkconsole.logs.follow import display_text
+from sparkconsole.planner.budget import DEFAULT_GMU
 from sparkconsole.remote import (
     docker_action,
     drop_caches,
@@ -157,7 +158,7 @@ class Caches(Step):
             return
         total = min(_cuda_total(facts[n]) for n in flow.nodes)
         fit = math.floor((min(free.values()) - LAUNCH_MARGIN - START_OVERHEAD) / total * 100) / 100
-        gmu = float(flow.plan.gmu or 0.85)
+        gmu = float(flow.plan.gmu or DEFAULT_GMU)
         d = Decision("caches.fit", self.id, "Less is free than the plan's memory budget",
                      tuple(f"{n}: {free[n] / GIB:.1f} GiB free of {(need[n] + START_OVERHEAD) / GIB:.1f} GiB "
                            "needed (the start's own 1.5 GiB included); "

@@ -13,7 +13,7 @@ from sparkconsole.deploy.flow import GIB
 from sparkconsole.deploy.recon import NodeFacts, normalize_image
 from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.base import Step
-from sparkconsole.planner.budget import DEFAULT_NODE_MEMORY_GIB
+from sparkconsole.planner.budget import DEFAULT_GMU, DEFAULT_NODE_MEMORY_GIB, field_gmu
 from sparkconsole.planner.live import LiveMemory, NodeMemory
 from sparkconsole.planner.plan import PlanOptions, compare_tp, layout_row
 from sparkconsole.serving.engines import VLLM
@@ -104,7 +104,7 @@ class Plan(Step):
         """The chosen plan's options, as the plan step stored them (for a re-plan by version)."""
         node_gib = plan_memory_gib(flow.facts)
         return PlanOptions(node_memory_gib=node_gib, max_model_len=flow.plan.max_model_len,
-                           gpu_memory_utilization=float(flow.plan.gmu or 0.85),
+                           gpu_memory_utilization=float(flow.plan.gmu or DEFAULT_GMU),
                            kv_cache_dtype=flow.plan.kv_cache_dtype or "auto", vllm_version=vllm_version, force=True,
                            language_model_only=bool(flow.plan.language_model_only))
 
@@ -116,15 +116,24 @@ class Plan(Step):
         for said in live_memory(facts).notes():
             self.runner.note(f"plan: {said}")
         # gmu as memory will be once free-memory has run: at most what stopping every running service
-        # frees on the tightest node (vLLM checks free >= gmu x total at start), at most 0.85 (GB10 practice)
+        # frees on the tightest node (vLLM checks free >= gmu x total at start), at most what the field
+        # runs at this context length (budget.FIELD_GMU: 0.70 at 262,144 tokens, 0.85 at 65,536)
         best = min((x.mem_available or 0) + sum(freeing.service_bytes(x).values()) for x in facts.values())
         cuda_total = min(_cuda_total(x) for x in facts.values())  # what vLLM's start-up check multiplies
         room = math.floor(100 * (best - LAUNCH_MARGIN) / cuda_total) / 100
-        gmu = float(flow.plan.gmu_override or min(0.85, max(0.5, room)))
-        if gmu < 0.85 and not flow.plan.gmu_override:
+        mml_ask = flow.plan.max_model_len_override or flow.options.max_model_len
+
+        def gmu_at(mml: int | None) -> float:
+            return float(flow.plan.gmu_override or min(field_gmu(mml)[0], max(0.5, room)))
+
+        gmu = gmu_at(mml_ask or flow.spec.geometry.max_position)
+        field, field_source = field_gmu(mml_ask or flow.spec.geometry.max_position)
+        if gmu < field and not flow.plan.gmu_override:
             self.runner.note(f"--gpu-memory-utilization {gmu}: even with every service stopped the tightest node has "
                         f"{best / GIB:.1f} GiB free")
-        mml_ask = flow.plan.max_model_len_override or flow.options.max_model_len
+        elif not flow.plan.gmu_override and field < DEFAULT_GMU:
+            self.runner.note(f"plan: --gpu-memory-utilization {gmu:g} at this context length, as the field runs it "
+                             f"({field_source}); a full-length prompt's prefill needs the rest of the node")
         from sparkconsole.planner.overheads import rules_for
 
         version = self.vllm_version(flow)
@@ -175,10 +184,13 @@ class Plan(Step):
         full = rows.get(tp_n) or {}
         if tp_n > 1 and not full.get("error") and full.get("max_model_len", 0) > 32768:
             short = max(32768, int(full["max_model_len"]) // 4)
-            alt = compare_tp(flow.spec, dataclasses.replace(base, max_model_len=short), tps=(tp_n,))[0]
+            short_gmu = gmu_at(short)
+            alt = compare_tp(flow.spec, dataclasses.replace(base, max_model_len=short, gpu_memory_utilization=short_gmu),
+                             tps=(tp_n,))[0]
             if not alt.get("error"):
                 offer(Layout(tp_n, max_model_len=short), f"TP={tp_n} with --max-model-len {short:,}",
-                      f"{alt['max_concurrency']:.1f}x concurrency: more requests at once, shorter prompts")
+                      f"{alt['max_concurrency']:.1f}x concurrency at gmu {short_gmu:g}: more requests at once, "
+                      "shorter prompts")
         options.append(Option("4bit", "a 4-bit variant on one Spark",
                               "an NVFP4/INT4 build of the model fits one node (other checkpoint; this run stops)"))
         fitting = sorted((t * p, p, t) for (t, p), row in table.items() if row.get("fits"))
@@ -196,7 +208,8 @@ class Plan(Step):
                              "run `sparkconsole deploy --model <the 4-bit repo> --tp 1` (e.g. an NVFP4 build)")
         tp, pp, kv = layout.tp, layout.pp, layout.kv_cache_dtype
         if layout.max_model_len:
-            base = dataclasses.replace(base, max_model_len=layout.max_model_len)
+            gmu = gmu_at(layout.max_model_len)
+            base = dataclasses.replace(base, max_model_len=layout.max_model_len, gpu_memory_utilization=gmu)
         base = dataclasses.replace(base, language_model_only=await self._text_only(base, tp, pp, kv))
         chosen = layout_row(flow.spec, dataclasses.replace(base, kv_cache_dtype=kv), tp, pp)
         flow.update(tp=tp)
