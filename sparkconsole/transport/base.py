@@ -8,9 +8,10 @@ Callers pass either a :class:`~sparkconsole.remote.RemoteCommand` or a string th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from sparkconsole.errors import TransportError, ValidationError
 from sparkconsole.remote import RemoteCommand
@@ -26,6 +27,58 @@ DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 def cut_marker(max_bytes: int) -> str:
     """The line a ``run`` appends to a stream it cut at ``max_bytes`` (never part of what the node sent)."""
     return f"\n[sparkconsole: output cut at {max_bytes} bytes; the rest was not read]\n"
+
+
+async def read_bounded(stream: Any, max_bytes: int) -> tuple[Any, bool]:
+    """One stream to its end, keeping at most ``max_bytes``; ``(kept, cut)``. The stream yields bytes (a
+    subprocess's pipe) or text (an SSH channel, counted as UTF-8). Reading stops at the bound, so nothing
+    past it is ever held: the writer then blocks (a full pipe, a full channel window) until the caller
+    stops the command."""
+    if stream is None:
+        return b"", False
+    parts: list[Any] = []
+    size = 0
+    while True:
+        chunk = await stream.read(64 * 1024)
+        if not chunk:
+            return chunk[:0].join(parts), False
+        raw = chunk.encode("utf-8", "replace") if isinstance(chunk, str) else chunk
+        if size + len(raw) > max_bytes:
+            room = max(0, max_bytes - size)
+            parts.append(raw[:room].decode("utf-8", "ignore") if isinstance(chunk, str) else raw[:room])
+            return chunk[:0].join(parts), True
+        parts.append(chunk)
+        size += len(raw)
+
+
+async def read_both_bounded(stdout: Any, stderr: Any, max_bytes: int, *, on_first_cut: Callable[[], None] | None = None,
+                            read_on_after_cut: bool = True) -> tuple[Any, Any, set[str]]:
+    """stdout and stderr read together, each bounded (:func:`read_bounded`); the names (``out``,
+    ``err``) of the streams that were cut. At the first cut ``on_first_cut`` runs (a local run kills the
+    command's tree there, so the other stream ends too); without ``read_on_after_cut`` the other stream
+    is no longer waited for (an SSH channel is closed by the caller)."""
+    tasks = {asyncio.ensure_future(read_bounded(stdout, max_bytes)): "out",
+             asyncio.ensure_future(read_bounded(stderr, max_bytes)): "err"}
+    got: dict[str, Any] = {}
+    cuts: set[str] = set()
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                data, over = task.result()
+                got[tasks[task]] = data
+                if over:
+                    if not cuts and on_first_cut is not None:
+                        on_first_cut()
+                    cuts.add(tasks[task])
+            if cuts and not read_on_after_cut:
+                break
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return got.get("out", b""), got.get("err", b""), cuts
 
 
 def command_text(cmd: CommandLike) -> str:

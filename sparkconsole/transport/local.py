@@ -27,6 +27,7 @@ from sparkconsole.transport.base import (
     CommandTimeout,
     command_text,
     cut_marker,
+    read_both_bounded,
 )
 
 _LINE_LIMIT = 16 * 1024 * 1024  # `ip -j addr` on a host with many veths is one long line
@@ -80,23 +81,6 @@ def _kill_tree(proc: asyncio.subprocess.Process, token: str) -> int | None:
                 killed.add(pid)
         time.sleep(0.01)  # let the kernel take them away (a zombie keeps no environ)
     return None if _carrying(token) else len(killed)
-
-
-async def _bounded(reader: asyncio.StreamReader | None, max_bytes: int) -> tuple[bytes, bool]:
-    """Read ``reader`` to its end, keeping at most ``max_bytes``; ``(kept, cut)``. Stops reading at the
-    bound (the caller stops the command), so nothing past it is ever held."""
-    buf = bytearray()
-    if reader is None:
-        return b"", False
-    while True:
-        chunk = await reader.read(64 * 1024)
-        if not chunk:
-            return bytes(buf), False
-        room = max_bytes - len(buf)
-        if len(chunk) > room:
-            buf += chunk[:room]
-            return bytes(buf), True
-        buf += chunk
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
@@ -223,27 +207,18 @@ class LocalTransport:
 
         async def talk() -> tuple[bytes, bytes]:
             feeder = asyncio.ensure_future(_feed(proc, input.encode())) if input is not None else None
-            readers = {asyncio.ensure_future(_bounded(proc.stdout, limit)): "out",
-                       asyncio.ensure_future(_bounded(proc.stderr, limit)): "err"}
-            got: dict[str, bytes] = {}
             try:
-                pending = set(readers)
-                while pending:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
-                        data, over = task.result()
-                        got[readers[task]] = data
-                        if over:
-                            if not cuts:
-                                _kill_tree(proc, token)  # the other stream ends with the command
-                            cuts.add(readers[task])
+                # at the first cut the command's tree is killed: the other stream ends with it
+                out, err, over = await read_both_bounded(proc.stdout, proc.stderr, limit,
+                                                         on_first_cut=lambda: _kill_tree(proc, token))
+                cuts.update(over)
                 if feeder is not None:
                     await feeder
                 await proc.wait()
             finally:
-                for task in (*readers, *((feeder,) if feeder is not None else ())):
-                    task.cancel()
-            return got.get("out", b""), got.get("err", b"")
+                if feeder is not None:
+                    feeder.cancel()
+            return out, err
 
         try:
             out, err = await asyncio.wait_for(talk(), timeout)

@@ -59,6 +59,7 @@ from sparkconsole.transport.base import (
     CommandTimeout,
     command_text,
     cut_marker,
+    read_both_bounded,
 )
 from sparkconsole.transport.hostkeys import (
     HostKey,
@@ -247,50 +248,14 @@ class _Client(asyncssh.SSHClient):
             self._transport._on_connection_lost(self._conn, exc)
 
 
-async def _read_bounded(stream: Any, max_bytes: int) -> tuple[str, bool]:
-    """One stream of an exec channel to its end, keeping at most ``max_bytes`` (UTF-8); ``(kept, cut)``.
-    Reading stops at the bound: the window then fills and the node's writer blocks until the channel
-    is closed."""
-    parts: list[str] = []
-    size = 0
-    while True:
-        chunk = await stream.read(64 * 1024)
-        if not chunk:
-            return "".join(parts), False
-        n = len(chunk.encode("utf-8", "replace"))
-        if size + n > max_bytes:
-            room = max_bytes - size
-            parts.append(chunk.encode("utf-8", "replace")[:room].decode("utf-8", "ignore"))
-            return "".join(parts), True
-        parts.append(chunk)
-        size += n
-
-
 async def _collect(proc: asyncssh.SSHClientProcess, max_bytes: int) -> tuple[str, str, set[str]]:
-    """stdout and stderr of ``proc`` read together, each bounded (:func:`_read_bounded`); the names of
-    the streams that were cut. At the first cut the other stream is no longer waited for."""
-    tasks = {asyncio.ensure_future(_read_bounded(proc.stdout, max_bytes)): "out",
-             asyncio.ensure_future(_read_bounded(proc.stderr, max_bytes)): "err"}
-    got: dict[str, str] = {}
-    cuts: set[str] = set()
-    try:
-        pending = set(tasks)
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                text, over = task.result()
-                got[tasks[task]] = text
-                if over:
-                    cuts.add(tasks[task])
-            if cuts:
-                break
-        if not cuts:
-            await proc.wait_closed()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return got.get("out", ""), got.get("err", ""), cuts
+    """stdout and stderr of ``proc`` read together, each bounded (:func:`read_both_bounded`); the names
+    of the streams that were cut. At the first cut the other stream is no longer waited for: the
+    caller closes the channel and stops the command on the node."""
+    out, err, cuts = await read_both_bounded(proc.stdout, proc.stderr, max_bytes, read_on_after_cut=False)
+    if not cuts:
+        await proc.wait_closed()
+    return out or "", err or "", cuts
 
 
 class SshProcess:
