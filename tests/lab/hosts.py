@@ -602,20 +602,26 @@ class Lab:
             tag = f"{os.getpid() % 1000:03d}{random.choice(free or list(range(10)))}"
         if not re.fullmatch(r"[a-z0-9]{1,5}", tag):
             raise ValueError(f"lab tag must be 1-5 of [a-z0-9]: {tag!r}")
-        user = ensure_login_user()
-        lab = cls(workdir=str(workdir), tag=tag, subnet=_free_subnet(), user=user.name)
-        lab.bridge, lab.mgmt_veth, lab.mgmt_b = f"sc{tag}br", f"sc{tag}m", f"sc{tag}mb"
-        fast = f"192.168.{lab.subnet}."
-        lab.hosts = [
-            LabHost("lab-a", f"sc{tag}a", str(workdir / "hosts" / "a"), fast + "1", f"10.79.{lab.subnet}.1",
-                    cgroup_parent=f"sc{tag}a", user=user.name, user_home=user.home),
-            LabHost("lab-b", f"sc{tag}b", str(workdir / "hosts" / "b"), fast + "2", f"10.80.{lab.subnet}.2",
-                    cgroup_parent=f"sc{tag}b", user=user.name, user_home=user.home),
-        ]
-        lab.hub_url = f"http://10.79.{lab.subnet}.254:{HUB_PORT}"
-        lab.save()
+        with _host_wide_lock():  # two labs at once (pytest-xdist workers): one makes its user and picks
+            # its subnet only once the other's addresses exist
+            user = ensure_login_user()
+            lab = cls(workdir=str(workdir), tag=tag, subnet=_free_subnet(), user=user.name)
+            lab.bridge, lab.mgmt_veth, lab.mgmt_b = f"sc{tag}br", f"sc{tag}m", f"sc{tag}mb"
+            fast = f"192.168.{lab.subnet}."
+            lab.hosts = [
+                LabHost("lab-a", f"sc{tag}a", str(workdir / "hosts" / "a"), fast + "1", f"10.79.{lab.subnet}.1",
+                        cgroup_parent=f"sc{tag}a", user=user.name, user_home=user.home),
+                LabHost("lab-b", f"sc{tag}b", str(workdir / "hosts" / "b"), fast + "2", f"10.80.{lab.subnet}.2",
+                        cgroup_parent=f"sc{tag}b", user=user.name, user_home=user.home),
+            ]
+            lab.hub_url = f"http://10.79.{lab.subnet}.254:{HUB_PORT}"
+            lab.save()
+            try:
+                lab._links()
+            except BaseException:
+                lab.down()
+                raise
         try:
-            lab._links()
             lab._keys_and_homes(user)
             for h in lab.hosts:
                 lab._start_host(h)
@@ -939,6 +945,20 @@ LogLevel VERBOSE
 # caches.drop: the login user's sudo wants a password (stock DGX OS), so the wizard offers to go on
 # without dropping the page cache or to stop and add the narrow rule; the lab goes on
 ANSWERS = ("plan.layout=tp2", "free-memory.stop=none", "caches.drop=yes", "caches.fit=go-on", "cluster.executor=ray")
+
+
+@contextlib.contextmanager
+def _host_wide_lock() -> Iterator[None]:
+    """This machine's one lock for what every lab shares: the login user and the choice of subnets."""
+    import fcntl
+
+    os.makedirs("/run/lock", exist_ok=True)
+    fd = os.open("/run/lock/sparkconsole-lab.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _free_subnet() -> int:
