@@ -262,7 +262,7 @@ async def _until(pilot, cond, timeout: float = 20.0) -> None:
 
 async def test_the_view_shows_where_lines_were_dropped_and_how_many() -> None:
     fake = _Quiet()
-    screen = LogScreen("spark-01", "web", lambda: fake, vllm=False)
+    screen = LogScreen("spark-01", "web", lambda: fake, tracker=None)
     app = Host(lambda: screen)
     async with app.run_test(size=(120, 30)) as pilot:
         for event in (LogLine("before"), LinesDropped(12_345), LogLine("after")):
@@ -282,7 +282,7 @@ async def test_the_view_shows_where_lines_were_dropped_and_how_many() -> None:
 async def test_a_flood_past_the_view_is_dropped_before_drawing_and_counted() -> None:
     """The screen's own batch is bounded too: lines read faster than the view draws them."""
     fake = _Quiet()
-    screen = LogScreen("spark-01", "web", lambda: fake, vllm=False, max_lines=200)
+    screen = LogScreen("spark-01", "web", lambda: fake, tracker=None, max_lines=200)
     app = Host(lambda: screen)
     async with app.run_test(size=(120, 30)) as pilot:
         for i in range(5_000):

@@ -71,7 +71,7 @@ async def test_a_view_scrolled_up_stays_put_and_renders_nothing_new() -> None:
 
 
 async def test_paused_screen_keeps_its_place_and_counts_new_lines() -> None:
-    app = Host(lambda: LogScreen("spark-01", "vllm", _never, vllm=False))
+    app = Host(lambda: LogScreen("spark-01", "vllm", _never, tracker=None))
     async with app.run_test(size=(100, 30)) as pilot:
         screen: LogScreen = app.screen  # type: ignore[assignment]
         screen.handle_events([LogLine(f"line {i}") for i in range(200)])
@@ -91,7 +91,7 @@ async def test_paused_screen_keeps_its_place_and_counts_new_lines() -> None:
 
 
 async def test_node_text_is_shown_literally() -> None:
-    app = Host(lambda: LogScreen("spark-01", "vllm", _never, vllm=False))
+    app = Host(lambda: LogScreen("spark-01", "vllm", _never, tracker=None))
     async with app.run_test(size=(100, 30)) as pilot:
         screen: LogScreen = app.screen  # type: ignore[assignment]
         screen.handle_events([
@@ -108,7 +108,7 @@ async def test_node_text_is_shown_literally() -> None:
 
 
 async def test_filter_search_highlight_and_sideways_scroll_draw_from_the_buffer() -> None:
-    app = Host(lambda: LogScreen("spark-01", "vllm", _never, vllm=False))
+    app = Host(lambda: LogScreen("spark-01", "vllm", _never, tracker=None))
     async with app.run_test(size=(100, 30)) as pilot:
         screen: LogScreen = app.screen  # type: ignore[assignment]
         wide = "W" * 150 + " end"

@@ -360,7 +360,7 @@ async def test_following_keeps_the_last_line_in_view_when_the_vllm_panel_grows()
 
 async def test_a_new_line_under_a_filter_does_not_rescan_the_buffer() -> None:
     fake = FakeFollower()
-    app = _log_app(fake, vllm=False)
+    app = _log_app(fake, tracker=None)
     async with app.run_test(size=(100, 30)) as pilot:
         screen: LogScreen = app.screen  # type: ignore[assignment]
         fake.lines([f"{'ERROR' if i % 3 == 0 else 'info'} line {i}" for i in range(300)])

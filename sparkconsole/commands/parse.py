@@ -74,10 +74,13 @@ def _ray_status(text: str) -> dict[str, Any]:
 
 
 def _vllm_log(text: str) -> dict[str, Any]:
-    # Imported here: the log parser is a larger module, and the other kinds must not depend on it.
-    from sparkconsole.logs.vllm import parse_vllm_log
+    # vLLM's own reader of its log, taken from the engine as every other caller takes it. Imported
+    # here: the log readers are larger modules, and the other kinds must not depend on them.
+    from sparkconsole.serving.engines import VLLM
 
-    return dict(parse_vllm_log(text).contract_dict())
+    tracker = VLLM.log_tracker()
+    tracker.feed_text(text)
+    return dict(tracker.report.contract_dict())
 
 
 def _vllm_metrics(text: str) -> dict[str, Any]:

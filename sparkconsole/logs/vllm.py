@@ -38,63 +38,45 @@ report and counts ``restarts`` — ``docker logs -f`` of a restarting container 
 
 from __future__ import annotations
 
-import functools
 import itertools
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
-State = Literal["starting", "loading", "ready", "failed", "unknown"]
-FailureKind = Literal["oom", "unsupported_architecture", "nccl", "ray", "other"]
+from sparkconsole.logs.envelope import BARE_EXCEPTION as _BARE_EXCEPTION
+from sparkconsole.logs.envelope import CUDA_OOM, CUDA_OOM_WORDS, MAX_LINE, NCCL_FAILURE, NCCL_WORDS
+from sparkconsole.logs.envelope import FRAME as _FRAME
+from sparkconsole.logs.envelope import TRACEBACK as _TRACEBACK
+from sparkconsole.logs.envelope import holds as _holds
+from sparkconsole.logs.envelope import prefix_end as _prefix_end
+from sparkconsole.logs.envelope import strip_ansi as _strip_ansi
+from sparkconsole.logs.report import (
+    CONTRACT_KEYS,
+    PHASE_API_SERVER,
+    PHASE_COMPILING,
+    PHASE_CUDA_GRAPHS,
+    PHASE_FAILED,
+    PHASE_KV_CACHE,
+    PHASE_LOADING,
+    PHASE_PROFILING,
+    PHASE_RAY_WAIT,
+    PHASE_READY,
+    PHASE_STARTING,
+    STATES,
+    LogReport,
+    worst_report,
+)
+from sparkconsole.logs.report import PHASE_ORDER as _PHASE_ORDER
+from sparkconsole.logs.tracker import LineTracker
 
-STATES: tuple[str, ...] = ("starting", "loading", "ready", "failed", "unknown")
+#: the report a vLLM log gives: every engine's (:class:`~sparkconsole.logs.report.LogReport`), by the
+#: name the ``parse vllm-log`` contract and its tests know
+VllmLogReport = LogReport
+
 FAILURE_KINDS: tuple[str, ...] = ("oom", "unsupported_architecture", "nccl", "ray", "other")
 
-# Phase names for the UI timeline (``phase`` / ``phase_events``).
-PHASE_STARTING = "starting"
-PHASE_RAY_WAIT = "waiting for Ray placement group"
-PHASE_LOADING = "loading weights"
-PHASE_COMPILING = "compiling"
-PHASE_PROFILING = "profiling"
-PHASE_KV_CACHE = "allocating KV cache"
-PHASE_CUDA_GRAPHS = "capturing CUDA graphs"
-PHASE_API_SERVER = "starting API server"
-PHASE_READY = "ready"
-PHASE_FAILED = "failed"
-
-_PHASE_ORDER = {
-    phase: i
-    for i, phase in enumerate(
-        (
-            PHASE_STARTING,
-            PHASE_RAY_WAIT,
-            PHASE_LOADING,
-            PHASE_COMPILING,
-            PHASE_PROFILING,
-            PHASE_KV_CACHE,
-            PHASE_CUDA_GRAPHS,
-            PHASE_API_SERVER,
-            PHASE_READY,
-            PHASE_FAILED,
-        )
-    )
-}
-
-CONTRACT_KEYS: tuple[str, ...] = (
-    "state",
-    "failure_kind",
-    "shards_done",
-    "shards_total",
-    "model_load_gib",
-    "kv_cache_gib",
-    "kv_cache_tokens",
-    "max_concurrency",
-    "port",
-    "vllm_version",
-)
-
-_MAX_LINE = 65536  # longer physical lines are cut before matching (never raise, stay linear)
+_MAX_LINE = MAX_LINE  # longer physical lines are cut before matching (never raise, stay linear)
 _WRAP_MIN = 70  # a bare line after a physical line at least this long may be its hard-wrapped tail
 # A hard-wrapped record is matched joined to the lines before it. Any long plain-text log (an
 # nginx access log: every line long, none with a level) would otherwise grow one joined text
@@ -105,26 +87,8 @@ _MAX_JOIN_LINES = 4
 _MAX_JOIN_CHARS = 8192
 
 # --------------------------------------------------------------------------------------------
-# Envelope: ANSI, prefixes, suffixes, the vLLM record itself
+# Envelope: vLLM's suffixes and its record itself (ANSI and the outer prefixes: logs/envelope.py)
 
-_ANSI = re.compile(
-    r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[()][A-Z0-9]|\x1b[=>78]"
-)
-_ANSI_RESIDUE = re.compile(r"\[\d{1,3}(?:;\d{1,3})*m|\[0?m")
-_COMPOSE = re.compile(r"[A-Za-z0-9][\w.-]*\s+\|(?:\s|$)")
-_TIMESTAMP = re.compile(
-    r"\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?(?:\s+|$)"
-)
-_QUOTE = re.compile(r"(?:▎|>)(?:\s|$)")
-_PROC = re.compile(
-    r"\((?P<name>[A-Za-z_]\w*(?:[ _](?:rank=\d+|TP\d+|DP\d+|PP\d+|EP\d+))*)?\s*"
-    r"pid=(?P<pid>\d+)(?:,\s*ip=(?P<ip>[0-9a-fA-F.:]+))?\)[ \t]?"
-)
-_RAYSYS = re.compile(
-    r"\((?:raylet|gcs_server|dashboard\w*|autoscaler[^)]{0,40}|monitor|log_monitor)"
-    r"(?:,\s*ip=(?P<ip>[0-9a-fA-F.:]+))?\)[ \t]?"
-)
-_TORCH_RANK = re.compile(r"\[rank\d+\]:")
 _REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
 _RECORD = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
@@ -219,9 +183,6 @@ _ARCH_INSPECT = re.compile(r"Error in inspecting model architecture '(?P<a>[^']+
 _MODEL_TYPE = re.compile(r"has model type `(?P<t>[^`]+)` but Transformers does not recognize")
 _QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 
-_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
-_BARE_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.){0,6}[A-Z]\w*(?:Error|Exception)(?::\s|:?$)")
-_FRAME = re.compile(r'^File "[^"]+", line \d+')
 _SOURCE_LINE = re.compile(r"^(?:raise\b|File \"|[\^~]+$|except\b|if\b|return\b|self\.|assert\b)")
 
 # Failure signatures (research §2). Order matters within a line: the first that matches names it.
@@ -231,17 +192,17 @@ _SOURCE_LINE = re.compile(r"^(?:raise\b|File \"|[\^~]+$|except\b|if\b|return\b|s
 _KIND_SIGNATURES: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
     (
         "oom",
+        # CUDA's own messages (logs/envelope.py), then vLLM's wordings of a KV cache or a budget too small
         re.compile(
-            r"CUDA out of memory|OutOfMemoryError|CUDA (?:driver )?error: out of memory|NV_ERR_NO_MEMORY|"
+            CUDA_OOM + r"|"
             r"KV cache is needed, which is larger than the available KV cache memory|"
             r"To serve at least one request with the models?'s max seq len|"
             r"No available memory for the cache blocks|"
             r"is larger than the maximum number of tokens that can be stored in KV cache|"
-            r"on startup is less than (?:desired GPU memory utilization|the engine's budget)|"
-            r"\bout of memory\b",
+            r"on startup is less than (?:desired GPU memory utilization|the engine's budget)",
             re.I,
         ),
-        ("memory", "max seq len", "stored in kv cache", "on startup is less than"),
+        (*CUDA_OOM_WORDS, "max seq len", "stored in kv cache", "on startup is less than"),
     ),
     (
         "unsupported_architecture",
@@ -254,14 +215,8 @@ _KIND_SIGNATURES: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
     ),
     (
         "nccl",
-        re.compile(
-            r"Watchdog caught collective operation timeout|NCCL watchdog thread terminated|\bNCCL error\b|"
-            r"nccl(?:System|Internal|Remote|UnhandledCuda|InvalidUsage|InvalidArgument)Error|"
-            r"DistStoreError|DistNetworkError|NCCL WARN.*(?:[Cc]onnect|[Tt]imeout|timed out)|"
-            r"connectFullMesh failed",
-            re.I,
-        ),
-        ("nccl", "watchdog", "diststoreerror", "distnetworkerror", "connectfullmesh"),
+        NCCL_FAILURE,  # the ranks' link (logs/envelope.py): the same words whatever engine met it
+        NCCL_WORDS,
     ),
     (
         "ray",
@@ -311,89 +266,6 @@ _NOT_FAILURE_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
 
 
 # --------------------------------------------------------------------------------------------
-# Report
-
-
-@dataclass(frozen=True)
-class VllmLogReport:
-    """What a vLLM log says, at the time it was built. ``None`` means "not read"."""
-
-    # the contract (``contract_dict``)
-    state: State = "unknown"
-    failure_kind: FailureKind | None = None
-    shards_done: int | None = None
-    shards_total: int | None = None
-    model_load_gib: float | None = None
-    kv_cache_gib: float | None = None
-    kv_cache_tokens: int | None = None
-    max_concurrency: float | None = None
-    port: int | None = None
-    vllm_version: str | None = None
-    # extras for the console
-    phase: str | None = None
-    compiling: bool = False
-    model: str | None = None
-    architecture: str | None = None
-    unsupported_architectures: tuple[str, ...] = ()
-    unsupported_model_type: str | None = None
-    max_model_len: int | None = None
-    listen_url: str | None = None
-    shard_desc: str | None = None
-    shard_percent: int | None = None
-    shard_elapsed_s: int | None = None
-    shard_eta_s: int | None = None
-    shard_rate: str | None = None
-    shard_seconds_per_it: float | None = None
-    weights_seconds: float | None = None
-    load_seconds: float | None = None
-    compile_seconds: float | None = None
-    cuda_graph_done: int | None = None
-    cuda_graph_total: int | None = None
-    cuda_graph_mode: str | None = None
-    cuda_graph_seconds: float | None = None
-    init_engine_seconds: float | None = None
-    gpu_blocks: int | None = None
-    kv_cache_needed_gib: float | None = None
-    estimated_max_model_len: int | None = None
-    remote_ips: tuple[str, ...] = ()
-    failure_line: str | None = None
-    failure_line_no: int | None = None
-    failure_node_ip: str | None = None
-    # a failure read from a traceback with no recognised cause: its first and last lines
-    failure_proof: tuple[str, ...] = ()
-    advice: str | None = None
-    phase_events: tuple[tuple[str, int], ...] = ()
-    restarts: int = 0
-    lines: int = 0
-    # a merged log of several nodes (``feed(line, source=node)``): the node this report is from,
-    # and every node's state in the order first seen (empty for a one-node log)
-    node: str | None = None
-    node_states: tuple[tuple[str, str], ...] = ()
-
-    def contract_dict(self) -> dict[str, Any]:
-        """Exactly the ``sparkconsole parse vllm-log`` JSON object."""
-        return {key: getattr(self, key) for key in CONTRACT_KEYS}
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field, JSON-ready (tuples become lists)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "phase_events":
-                value = [[phase, line_no] for phase, line_no in value]
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
-        return out
-
-    @property
-    def shard_fraction(self) -> float | None:
-        if self.shards_done is None or not self.shards_total:
-            return None
-        return min(1.0, self.shards_done / self.shards_total)
-
-
-# --------------------------------------------------------------------------------------------
 # Helpers
 
 
@@ -439,59 +311,11 @@ def _seconds_per_it(rate: str | None) -> float | None:
     return 1.0 / value if value > 0 else None
 
 
-def _holds(text: str, words: tuple[str, ...]) -> bool:
-    """Whether ``text`` holds one of ``words`` (no words: no screen, always true). Every screen of
-    the tracker goes through here, so that a test can turn them all off and compare."""
-    for word in words:  # a loop: any() over a generator costs twice this, for every rule of every line
-        if word in text:
-            return True
-    return not words
-
-
-def _strip_ansi(text: str) -> str:
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
-    if "[" in text and "m" in text:
-        text = _ANSI_RESIDUE.sub("", text)
-    return text
-
-
 @dataclass
 class _Prefixes:
     rest: str
     has_process: bool
     ip: str | None
-
-
-@functools.lru_cache(maxsize=4)
-def _prefix_end(text: str) -> tuple[int, bool, str | None]:
-    """Where the outer prefixes end (stacked, any order), whether one was a process tag, its ip.
-    Kept for the last few texts: a record is split from its line and then stripped, both asking."""
-    has_process = False
-    ip: str | None = None
-    pos = 0
-    n = len(text)
-    while True:
-        if has_process:
-            while pos < n and text[pos] in " \t":
-                pos += 1
-        for pattern in (_COMPOSE, _TIMESTAMP, _QUOTE):
-            m = pattern.match(text, pos)
-            if m:
-                pos = m.end()
-                break
-        else:
-            m = _PROC.match(text, pos) or _RAYSYS.match(text, pos)
-            if m:
-                has_process = True
-                ip = m.group("ip") or ip
-                pos = m.end()
-                continue
-            m = _TORCH_RANK.match(text, pos)
-            if m:
-                pos = m.end()
-                continue
-            return pos, has_process, ip
 
 
 def _strip_prefixes(text: str) -> _Prefixes:
@@ -643,11 +467,14 @@ def _is_ready_record(line: _Line) -> bool:
 # Tracker
 
 
-class VllmLogTracker:
-    """Incremental vLLM log reader: ``feed`` lines as they come, read ``report`` any time."""
+class VllmLogTracker(LineTracker):
+    """Incremental vLLM log reader: ``feed`` lines as they come, read ``report`` any time (the
+    feeding, a merged log's nodes and the cached report: :class:`~sparkconsole.logs.tracker.LineTracker`)."""
+
+    label = "vLLM"
 
     def __init__(self) -> None:
-        self._line_no = 0
+        super().__init__()
         self._restarts = 0
         self._prev_msg: str | None = None  # last bare/record message, for hard-wrap joins
         self._join_lines = 0  # physical lines in ``_prev_msg`` (bounded: ``_MAX_JOIN_LINES``)
@@ -655,9 +482,6 @@ class VllmLogTracker:
         self._prev_was_bar = False
         self._prev_level: str | None = None
         self._pending_ip: str | None = None  # ip of a prefix-only line, for the bar after it
-        self._cached: VllmLogReport | None = None
-        self._nodes: dict[str, VllmLogTracker] = {}  # source -> that node's own tracker
-        self._fail_order: list[str] = []  # sources in the order they first failed
         self._reset_run()
 
     # -- run state -------------------------------------------------------------------------
@@ -680,60 +504,6 @@ class VllmLogTracker:
         self._tb_first: str | None = None  # the last traceback seen: its first line
         self._tb_last: str | None = None  # ... and its last unindented line (the exception)
         self._signature_other = False  # the "other" failure was a known signature, not a bare traceback
-
-    # -- public ----------------------------------------------------------------------------
-    def feed(self, line: str, source: str = "") -> None:
-        """One physical line (a trailing newline is fine; embedded newlines are split).
-
-        ``source`` names the node of a merged log: each node's lines go to a tracker of its own
-        (vLLM ranks on different nodes must not be read as one run), and :attr:`report` is then
-        the worst of them (:func:`worst_report`); :attr:`node_reports` has each one."""
-        if source:
-            tracker = self._nodes.get(source)
-            if tracker is None:
-                tracker = self._nodes[source] = VllmLogTracker()
-            tracker.feed(line)
-            if tracker._failed and source not in self._fail_order:
-                self._fail_order.append(source)
-            self._cached = None
-            return
-        if not isinstance(line, str):
-            line = str(line)
-        if line.endswith("\n"):
-            line = line[:-1]
-        if "\n" in line:
-            for part in line.split("\n"):
-                self._feed_physical(part)
-        else:
-            self._feed_physical(line)
-
-    def feed_text(self, text: str) -> None:
-        """Several whole lines; a last line without a newline is taken as complete."""
-        if not text:
-            return
-        if text.endswith("\n"):
-            text = text[:-1]
-        for part in text.split("\n"):
-            self._feed_physical(part)
-
-    def feed_lines(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self.feed(line)
-
-    @property
-    def report(self) -> VllmLogReport:
-        if self._cached is None:
-            self._cached = worst_report(self.node_reports, self._fail_order) if self._nodes else self._build()
-        return self._cached
-
-    @property
-    def node_reports(self) -> dict[str, VllmLogReport]:
-        """Each node's own report, in the order the nodes were first seen (``{}`` for a log
-        fed without ``source``; lines fed without one beside named nodes are listed as ``""``)."""
-        out = {node: tracker.report for node, tracker in self._nodes.items()}
-        if out and self._line_no:
-            out[""] = self._build()
-        return out
 
     # -- per line --------------------------------------------------------------------------
     def _feed_physical(self, physical: str) -> None:
@@ -1380,37 +1150,6 @@ def advise(report: VllmLogReport) -> str | None:
             "names the exception, the frames above it show where it was raised."
         )
     return "The server failed to start: the first error above (failure_line) is the root cause."
-
-
-# how bad a state is, for the merged view: a failed rank is the news, then the least advanced one
-_STATE_BADNESS = {"failed": 4, "starting": 3, "loading": 2, "ready": 1, "unknown": 0}
-
-
-def worst_report(reports: Mapping[str, VllmLogReport], fail_order: Iterable[str] = ()) -> VllmLogReport:
-    """The report that stands for several nodes' logs of one deployment, with ``node`` naming
-    whose it is and ``node_states`` listing every node's state.
-
-    A failed node wins (the first in ``fail_order``, the nodes in the order they failed, else
-    the first failed one listed). Otherwise the least advanced
-    node (``starting`` before ``loading``), except that once one node is ``ready`` the deployment
-    is: only the head serves the API, so a worker rank (``--headless``, or a Ray worker's own
-    log) never logs "Application startup complete" and would otherwise hold it at ``loading``.
-    Nodes whose log holds no vLLM line (``unknown``) count only when every node's does not."""
-    if not reports:
-        return VllmLogReport()
-    items = list(reports.items())
-    states = tuple((node, r.state) for node, r in items)
-    order = {node: i for i, node in enumerate(fail_order)}
-    failed = sorted(
-        ((node, r) for node, r in items if r.state == "failed"), key=lambda item: order.get(item[0], len(order))
-    )
-    if failed:
-        node, chosen = failed[0]
-    elif any(r.state == "ready" for _, r in items):
-        node, chosen = next((n, r) for n, r in items if r.state == "ready")
-    else:
-        node, chosen = max(items, key=lambda item: _STATE_BADNESS[item[1].state])
-    return replace(chosen, node=node or None, node_states=states)
 
 
 def parse_vllm_log(text: str) -> VllmLogReport:

@@ -59,13 +59,14 @@ from sparkconsole.ui.messages import (
 )
 from sparkconsole.ui.screens.confirm import ConfirmScreen
 from sparkconsole.ui.screens.help import HelpScreen
-from sparkconsole.ui.screens.logs import LogScreen, is_engine_log
+from sparkconsole.ui.screens.logs import LogScreen, log_engine
 from sparkconsole.ui.screens.node_detail import NodeDetailScreen
 from sparkconsole.ui.screens.overview import OverviewScreen
 from sparkconsole.ui.screens.quit import QuitScreen
 
 if TYPE_CHECKING:
     from sparkconsole.deploy.runner import Settings
+    from sparkconsole.serving.engines import EngineKind
 
 INTERVALS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
 DEPLOY_SIM_POLL_S = 0.1  # a deployment's job polls on a simulated cluster (its clock runs fast)
@@ -629,14 +630,13 @@ class SparkConsoleApp(App[int]):
         transport = self.poller.pollers[node].transport
         command = docker_follow(service.name) if service.kind == "container" else journal_follow(service.name)
         start = None
-        runs = any(w.engine.where == service.name for w in self.node_state(node).engines.values())
-        engine = service.kind == "container" and is_engine_log(service.image, runs_engine=runs)
-        if engine:
+        engine = self._log_engine(service.name, [node], service.image) if service.kind == "container" else None
+        if engine is not None:
             async def start() -> str:  # the engine's first lines: its settings and memory figures
                 res = await transport.run(docker_log_head(service.name), timeout=30)
                 return res.stdout
-        self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command), vllm=engine,
-                                   start_reader=start))
+        self.push_screen(LogScreen(node, service.name, lambda: LogFollower(transport, command),
+                                   tracker=engine.log_tracker if engine is not None else None, start_reader=start))
 
     def open_merged_logs(self, container: str, nodes: list[str]) -> None:
         """One deployment's logs on several nodes (head and workers), interleaved by time."""
@@ -646,7 +646,20 @@ class SparkConsoleApp(App[int]):
         def factory():
             return merge_by_time([LogFollower(t, docker_follow(container), source=n) for n, t in transports.items()])
 
-        self.push_screen(LogScreen(" + ".join(nodes), container, factory))
+        engine = self._log_engine(container, nodes)
+        self.push_screen(LogScreen(" + ".join(nodes), container, factory,
+                                   tracker=engine.log_tracker if engine is not None else None))
+
+    def _log_engine(self, container: str, nodes: list[str], image: str | None = None) -> EngineKind | None:
+        """The engine whose log ``container``'s is on ``nodes``: the one the probe found running in it,
+        else the one its image names (the image the nodes' samples list, unless given)."""
+        states = [self.node_state(n) for n in nodes]
+        running = next((w.engine.engine for st in states for w in st.engines.values() if w.engine.where == container),
+                       None)
+        if image is None:
+            image = next((c.image for st in states for c in (st.sample.containers if st.sample else ())
+                          if c.name == container and c.image), None)
+        return log_engine(image, running)
 
     def action_planner(self) -> None:
         from sparkconsole.ui.screens.planner import PlannerScreen

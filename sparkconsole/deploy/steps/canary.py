@@ -41,7 +41,6 @@ from sparkconsole.deploy.steps.base import Step
 from sparkconsole.deploy.steps.cluster import DOCKER_OPTS
 from sparkconsole.deploy.steps.serve import DockerLogFollow, Serve
 from sparkconsole.logs.follow import display_text
-from sparkconsole.logs.vllm import VllmLogTracker, advise
 from sparkconsole.remote import (
     docker_rm_force,
     docker_run,
@@ -274,7 +273,10 @@ class Canary(Step):
     async def _follow(self) -> None:
         flow, node = self.flow, self._at
         name = flow.container("canary")
-        tracker, follow = VllmLogTracker(), DockerLogFollow()
+        kind = flow.engine_kind
+        tracker, follow = kind.log_tracker(), DockerLogFollow()  # this engine's reader of its own log
+        if tracker is None:
+            raise StepFailed(f"the console does not read {kind.label}'s log: the canary cannot follow its start")
         seen: list[str] = []  # the log's lines, for the root cause a failure's summary line may hide
         t0 = time.monotonic()
         speed = self.runner.settings.speed
@@ -291,7 +293,7 @@ class Canary(Step):
                                       f"{rep.kv_cache_gib if rep.kv_cache_gib is not None else '?'} GiB)")
                 break
             if rep.state == "failed":
-                await self._failed("served", _root_cause(seen) or rep.failure_line or "the engine failed", advise(rep))
+                await self._failed("served", _root_cause(seen) or rep.failure_line or "the engine failed", kind.advise(rep))
                 return
             st = await flow.inspect(node, name)
             if st is not None and (st.missing or st.status in ("exited", "dead")):
@@ -301,7 +303,7 @@ class Canary(Step):
                     seen.append(line)
                 rep = tracker.report
                 await self._failed("served", _root_cause(seen) or rep.failure_line or _last_line(res.stdout + res.stderr)
-                                   or f"its container {st.status}", advise(rep))
+                                   or f"its container {st.status}", kind.advise(rep))
                 return
             if (time.monotonic() - t0) * speed > CANARY_TIMEOUT_S:
                 await self._failed("served", f"not ready after {CANARY_TIMEOUT_S:.0f} s")

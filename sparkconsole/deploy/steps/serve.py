@@ -19,7 +19,7 @@ from sparkconsole.deploy.steps.base import Step
 from sparkconsole.deploy.steps.cluster import DOCKER_OPTS, adopt_or_clear
 from sparkconsole.deploy.steps.memory import drop_page_cache
 from sparkconsole.logs.follow import cap_line, display_text
-from sparkconsole.logs.vllm import VllmLogTracker
+from sparkconsole.planner.budget import DEFAULT_GMU
 from sparkconsole.planner.plan import PlanOptions
 from sparkconsole.remote import (
     API_KEY_ENV,
@@ -193,7 +193,7 @@ class Serve(Step):
             extra += ["--load-format", "fastsafetensors"]
         return ServeSpec(model=flow.options.model, served_name=flow.served_name, host=self._bind_host(),
                          port=int(flow.options.port), tp=int(flow.plan.tp or 1), pp=int(flow.plan.pp or 1),
-                         gpu_memory_utilization=float(flow.plan.gmu or 0.85),
+                         gpu_memory_utilization=float(flow.plan.gmu or DEFAULT_GMU),
                          max_model_len=int(flow.plan.max_model_len or 65536),
                          kv_cache_dtype=flow.plan.kv_cache_dtype, extra_args=tuple(extra))
 
@@ -360,7 +360,10 @@ class Serve(Step):
 
     async def _follow(self) -> None:
         flow = self.flow
-        tracker = VllmLogTracker()
+        tracker = flow.engine_kind.log_tracker()  # this engine's reader: SGLang's log by SGLang's rules
+        if tracker is None:
+            raise StepFailed(f"the console does not read {flow.engine_kind.label}'s log: its start cannot be followed",
+                             "start it by hand and watch its log")
         self._seen: list[str] = []
         last_change = time.monotonic()
         deadline = time.monotonic() + self.runner.settings.serve_timeout_s / self.runner.settings.speed
@@ -443,7 +446,9 @@ class Serve(Step):
         for n in flow.nodes[1:]:
             res = await self.runner.read(n, DockerLogFollow().command(flow.container(flow.engine_kind.name), tail=400),
                                          quiet=True)
-            worker = VllmLogTracker()
+            worker = flow.engine_kind.log_tracker()
+            if worker is None:
+                return rep
             for line in DockerLogFollow().feed(res.stdout, res.stderr) if res.ok else []:  # in the order written
                 for part in line.splitlines() or [line]:
                     worker.feed(part)
@@ -497,7 +502,7 @@ class Serve(Step):
         except StepFailed:
             return
         opts = PlanOptions(tp=int(self.flow.plan.tp or 1), max_model_len=self.flow.plan.max_model_len,
-                           gpu_memory_utilization=float(self.flow.plan.gmu or 0.85), force=True,
+                           gpu_memory_utilization=float(self.flow.plan.gmu or DEFAULT_GMU), force=True,
                            language_model_only=bool(self.flow.plan.language_model_only),
                            vllm_version=self.flow.plan.vllm_version)  # the image's, as the engine step read it
         cal = serve_calibration(spec, "".join(getattr(self, "_seen", [])), opts)

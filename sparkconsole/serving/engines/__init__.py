@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sparkconsole.serving.engines.base import EngineKind, Executor, MetricNames, NodeLaunch, ServeSpec
+from sparkconsole.serving.engines.base import (
+    EngineKind,
+    Executor,
+    LogTracker,
+    MetricNames,
+    NodeLaunch,
+    ServeSpec,
+)
 from sparkconsole.serving.engines.llama_cpp import LLAMA_CPP
 from sparkconsole.serving.engines.sglang import SGLANG
 from sparkconsole.serving.engines.vllm import VLLM
@@ -56,5 +63,6 @@ def for_image(image: str | None) -> EngineKind | None:
     return next((e for e in ENGINES.values() if last in e.image_repos or e.name in last), None)
 
 
-__all__ = ["DEFAULT", "ENGINES", "LLAMA_CPP", "SGLANG", "VLLM", "EngineKind", "Executor", "MetricNames", "NodeLaunch", "ServeSpec", "for_image",
+__all__ = ["DEFAULT", "ENGINES", "LLAMA_CPP", "SGLANG", "VLLM", "EngineKind", "Executor", "LogTracker", "MetricNames", "NodeLaunch",
+           "ServeSpec", "for_image",
            "get", "known", "recognise", "script_names"]

@@ -5,6 +5,12 @@ object that satisfies :class:`EngineKind`. Code elsewhere asks the object (``eng
 ``engine.recognise(argv)``, ``engine.launches(...)``) instead of comparing a name with a string, so
 adding a third engine touches this package and nothing else. The objects are plain data and pure
 functions: no I/O, no Textual (they are used by the probe, the deploy engine and the UI alike).
+
+An engine's log is part of it too: :meth:`EngineKind.log_tracker` gives a reader of its log (its
+module under :mod:`sparkconsole.logs`), which fills the report every engine shares
+(:class:`~sparkconsole.logs.report.LogReport`: phases, figures, a failure class from
+:attr:`EngineKind.failure_kinds`), and :meth:`EngineKind.advise` words a failure. The deploy wizard's
+serve and canary steps and the log screen take the tracker from the engine, never from a name.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+from sparkconsole.logs.report import LogReport, LogTracker
 
 Executor = Literal["single", "native", "ray"]
 
@@ -103,6 +111,18 @@ class EngineKind(Protocol):
     recipe_flags: dict[str, str]
     #: repository names (the last part of an image's repo) whose tags are this engine's version
     image_repos: tuple[str, ...]
+    #: the failure classes its log tracker tells apart (``LogReport.failure_kind``; "other" last)
+    failure_kinds: tuple[str, ...]
+
+    def log_tracker(self) -> LogTracker | None:
+        """A new reader of this engine's log: its phases (loading, KV cache, ready), its figures and
+        its failure, as a :class:`~sparkconsole.logs.report.LogReport`. None: the console does not
+        read this engine's log (a log screen shows it as plain text; a start cannot be followed)."""
+        ...
+
+    def advise(self, report: LogReport) -> str | None:
+        """The next step for a failure its tracker read, in plain words (None when it did not fail)."""
+        ...
 
     def recognise(self, argv: Sequence[str]) -> tuple[list[str], str | None] | None:
         """``(the server's own arguments, the positional model or None)`` when ``argv`` (past

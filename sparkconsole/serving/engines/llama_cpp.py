@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sparkconsole.logs import llama_cpp as llama_cpp_log
+from sparkconsole.logs.report import LogReport
 from sparkconsole.serving.engines.base import Executor, MetricNames, NodeLaunch, ServeSpec
 
 
@@ -36,6 +38,7 @@ class LlamaCpp:
     #: its own flags for a recipe's neutral fields, beyond the long ones every engine shares
     recipe_flags: dict[str, str] = {"-c": "max_model_len", "-m": "model", "-hf": "model", "--hf-repo": "model"}
     image_repos = ("llama.cpp", "dgx-spark-llama-cpp")
+    failure_kinds = llama_cpp_log.FAILURE_KINDS
     metrics = MetricNames(
         scalars={
             "requests_running": ("llamacpp:requests_processing",),
@@ -52,6 +55,12 @@ class LlamaCpp:
 
     def served_model(self, opts: dict[str, str], positional: str | None) -> str | None:
         return opts.get("alias") or opts.get("hf-repo") or opts.get("hf") or opts.get("model") or positional
+
+    def log_tracker(self) -> llama_cpp_log.LlamaCppLogTracker:
+        return llama_cpp_log.LlamaCppLogTracker()
+
+    def advise(self, report: LogReport) -> str | None:
+        return llama_cpp_log.advise(report)
 
     def launches(self, spec: ServeSpec, executor: Executor, nodes: Sequence[tuple[str, str]]) -> list[NodeLaunch]:
         if executor != "single" or len(nodes) != 1 or spec.tp != 1:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sparkconsole.logs import sglang as sglang_log
+from sparkconsole.logs.report import LogReport
 from sparkconsole.serving.engines.base import Executor, MetricNames, NodeLaunch, ServeSpec
 from sparkconsole.serving.engines.vllm import _python_module
 
@@ -40,6 +42,7 @@ class Sglang:
     #: its own flags for a recipe's neutral fields, beyond the long ones every engine shares
     recipe_flags: dict[str, str] = {}
     image_repos = ("sglang",)
+    failure_kinds = sglang_log.FAILURE_KINDS
     metrics = MetricNames(
         scalars={
             "requests_running": ("sglang:num_running_reqs", "sglang:num_requests_running"),
@@ -73,6 +76,12 @@ class Sglang:
 
     def served_model(self, opts: dict[str, str], positional: str | None) -> str | None:
         return opts.get("served-model-name") or opts.get("model-path") or opts.get("model") or positional
+
+    def log_tracker(self) -> sglang_log.SglangLogTracker:
+        return sglang_log.SglangLogTracker()
+
+    def advise(self, report: LogReport) -> str | None:
+        return sglang_log.advise(report)
 
     def launches(self, spec: ServeSpec, executor: Executor, nodes: Sequence[tuple[str, str]]) -> list[NodeLaunch]:
         if executor == "ray":

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sparkconsole.logs import vllm as vllm_log
+from sparkconsole.logs.report import LogReport
 from sparkconsole.serving.engines.base import Executor, MetricNames, NodeLaunch, ServeSpec, positional
 
 # the modules a ``python -m`` start of the server names (the CLI's own module takes ``serve`` first)
@@ -55,6 +57,7 @@ class Vllm:
     #: its own flags for a recipe's neutral fields, beyond the long ones every engine shares
     recipe_flags: dict[str, str] = {}
     image_repos = ("vllm-openai",)
+    failure_kinds = vllm_log.FAILURE_KINDS
     metrics = MetricNames(
         scalars={
             "requests_running": ("vllm:num_requests_running",),
@@ -88,6 +91,12 @@ class Vllm:
 
     def served_model(self, opts: dict[str, str], positional: str | None) -> str | None:
         return opts.get("served-model-name") or opts.get("model") or positional
+
+    def log_tracker(self) -> vllm_log.VllmLogTracker:
+        return vllm_log.VllmLogTracker()
+
+    def advise(self, report: LogReport) -> str | None:
+        return vllm_log.advise(report)
 
     def serve_args(self, spec: ServeSpec) -> list[str]:
         """``vllm serve``'s arguments for ``spec``: the model, the plan's numbers, then the extra flags."""

@@ -1,11 +1,13 @@
-"""The live log screen: a followed log drawn from its bounded buffer, with a vLLM panel on top.
+"""The live log screen: a followed log drawn from its bounded buffer, with the engine's panel on top.
 
-Push it with a callable that returns the follower (so the stream starts when the screen mounts)::
+Push it with a callable that returns the follower (so the stream starts when the screen mounts) and
+the engine's tracker factory (``engine.log_tracker``: its log read into phases; None: plain text)::
 
     transport = ...                                  # the node's Transport
     app.push_screen(LogScreen(
         "spark-01", "vllm",
         lambda: LogFollower(transport, docker_follow("vllm"), tail=200),
+        tracker=engines.VLLM.log_tracker,
     ))
 
 Tail rules (Toolong): scrolling up pauses following and a badge counts the lines that came
@@ -53,7 +55,7 @@ from sparkconsole.logs.follow import (
     display_lines,
     display_text,
 )
-from sparkconsole.logs.vllm import VllmLogReport, VllmLogTracker
+from sparkconsole.logs.report import LogReport, LogTracker
 from sparkconsole.remote import LOG_HEAD_LINES
 from sparkconsole.serving import engines
 from sparkconsole.ui.keymap import LOGS_ENGINES_BINDING
@@ -65,20 +67,22 @@ from sparkconsole.ui.screens.planner import app_live_memory
 from sparkconsole.ui.widgets.log_view import LogBufferView
 
 FollowerFactory = Callable[[], AsyncIterable[FollowEvent]]
+TrackerFactory = Callable[[], LogTracker | None]
+"""A new reader of the engine's log (``EngineKind.log_tracker``); what it gives None for is shown plain."""
 StartReader = Callable[[], Awaitable[str]]
 """Reads the start of the followed log from the node (its first lines), for the calibration."""
 BATCH_S = 0.05  # lines read within this are drawn together
 YIELD_EVERY = 64  # lines read before the reader lets the keys through
-PARSE_CHUNK = 200  # lines of the log's start given to the vLLM reader before the keys get a turn
+PARSE_CHUNK = 200  # lines of the log's start given to the engine's reader before the keys get a turn
 MARKER_PREFIX = "──── mark "
 
 
-def is_engine_log(image: str | None, *, runs_engine: bool = False) -> bool:
-    """Whether a container's log is an inference engine's (vLLM, SGLang, llama.cpp): the probe
-    found an engine running in it (``runs_engine``), or its image names one. Only such a log goes
-    through the vLLM reader and gets its panel; any other (a web server, a database) is shown as
-    it is: reading it would cost every line a pass over the rules and find nothing."""
-    return runs_engine or engines.for_image(image) is not None
+def log_engine(image: str | None, running: engines.EngineKind | None = None) -> engines.EngineKind | None:
+    """The engine whose log a container's is (vLLM, SGLang, llama.cpp): the one the probe found
+    running in it, else the one its image names (``…/sglang:…``), else None. Only an engine's log
+    goes through that engine's reader and gets its panel; any other (a web server, a database) is
+    shown as it is: reading it would cost every line a pass over the rules and find nothing."""
+    return running or engines.for_image(image)
 
 
 class LogHighlighter(Highlighter):
@@ -111,9 +115,9 @@ def _clock(seconds: float | int | None) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def report_lines(r: VllmLogReport) -> dict[str, str]:
-    """The panel's texts for a report (pure; the tests read these)."""
-    head = f"vLLM {r.vllm_version or '?'}"
+def report_lines(r: LogReport, label: str = "vLLM") -> dict[str, str]:
+    """The panel's texts for a report of ``label``'s log (pure; the tests read these)."""
+    head = f"{label} {r.vllm_version or '?'}"
     if r.model:
         head += f" · {r.model}"
     state = r.state.upper()
@@ -187,13 +191,13 @@ class VllmPanel(Vertical):
         for part in ("facts", "ready", "failure", "advice"):
             yield Static(id=f"vllm-{part}", classes="-empty")
 
-    def show(self, report: VllmLogReport) -> None:
+    def show(self, report: LogReport, label: str = "vLLM") -> None:
         self.set_class(report.state != "unknown", "-seen")
         self.set_class(report.state == "failed", "-failed")
         self.set_class(report.state == "ready", "-ready")
         # the report's texts carry the node's own words (the model id, the failure line: a traceback's
         # "in [/root/.cache/…]" or a "[rank0]:" prefix): plain Text, never markup, never escapes
-        texts = {k: Text(display_text(v)) for k, v in report_lines(report).items()}
+        texts = {k: Text(display_text(v)) for k, v in report_lines(report, label).items()}
         self.query_one("#vllm-head", Static).update(texts["head"])
         row = self.query_one("#vllm-progress-row")
         row.set_class("shards" not in texts, "-empty")
@@ -257,7 +261,7 @@ class LogScreen(Screen[None]):
         follower_factory: FollowerFactory,
         *,
         max_lines: int = 5000,
-        vllm: bool = True,
+        tracker: TrackerFactory | None = engines.DEFAULT.log_tracker,
         start_reader: StartReader | None = None,
         name: str | None = None,
         id: str | None = None,
@@ -269,7 +273,7 @@ class LogScreen(Screen[None]):
         self.start_reader = start_reader
         self.max_lines = max_lines
         self.buffer = LogBuffer(max_lines)
-        self.tracker = VllmLogTracker() if vllm else None
+        self.tracker: LogTracker | None = tracker() if tracker is not None else None
         self.highlighter = LogHighlighter()
         self.pattern = ""
         self.filter_on = False
@@ -283,7 +287,7 @@ class LogScreen(Screen[None]):
         self._marker_abs: list[int] = []  # absolute buffer index of every marker (markers pass any filter)
         self._search_intent = "search"
         self._panel_scheduled = False
-        self._last_report: VllmLogReport | None = None
+        self._last_report: LogReport | None = None
         self._banner_timer: Any = None
         # read from the stream, not drawn yet: fewer lines than the buffer holds (a longer batch
         # would push its own start out of it), past that the oldest are dropped and counted
@@ -291,7 +295,7 @@ class LogScreen(Screen[None]):
         self._pending_lines = 0
         self._pending_timer: Any = None
         self.lines_dropped = 0  # lines dropped unread (the follower's and this screen's), shown
-        # the tail's lines wait here while the log's start goes through the vLLM reader, so that
+        # the tail's lines wait here while the log's start goes through the engine's reader, so that
         # the start is read first and whole (None: not reading the start)
         self._held: deque[LogLine] | None = None
 
@@ -505,7 +509,7 @@ class LogScreen(Screen[None]):
         if report == self._last_report:
             return
         self._last_report = report
-        self.query_one(VllmPanel).show(report)
+        self.query_one(VllmPanel).show(report, self.tracker.label)
 
     # ---- following ----------------------------------------------------------------------------
 
@@ -671,7 +675,7 @@ class LogScreen(Screen[None]):
 
     def action_calibrate(self) -> None:
         if self.tracker is None:
-            self.notify("not a vLLM log: nothing to calibrate from", severity="warning")
+            self.notify("not an engine's log: nothing to calibrate from", severity="warning")
             return
         self._open_calibration()
 
