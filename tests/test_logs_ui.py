@@ -421,3 +421,20 @@ async def test_a_flood_of_lines_is_drawn_in_batches_and_keys_still_answer() -> N
         gaps = [ln for ln in buffer.lines if ln.kind == "gap"]
         assert sum(int(g.text.split()[2].replace(",", "")) for g in gaps) <= screen.lines_dropped
         assert sum(writes) <= screen.max_lines * len(writes) and len(writes) < flood / 100
+
+
+async def test_calibration_reads_only_a_vllm_log() -> None:
+    """`c` opens the planner's calibration from vLLM's memory figures: an SGLang log has none, so it says
+    so in one line and opens nothing."""
+    from sparkconsole.serving.engines import SGLANG
+
+    fake = FakeFollower()
+    app = Host(lambda: LogScreen("spark-01", "sglang-qwen", lambda: fake, tracker=SGLANG.log_tracker))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, LogScreen) and screen.tracker is not None
+        await pilot.press("c")
+        await pilot.pause()
+        assert app.screen is screen  # no calibration screen
+        said = [n.message for n in app._notifications]
+        assert any("calibration reads vLLM's memory figures" in m and SGLANG.label in m for m in said), said

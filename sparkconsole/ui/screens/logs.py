@@ -677,6 +677,10 @@ class LogScreen(Screen[None]):
         if self.tracker is None:
             self.notify("not an engine's log: nothing to calibrate from", severity="warning")
             return
+        if self.tracker.label != engines.VLLM.label:  # the planner's arithmetic is vLLM's (planner/budget.py)
+            self.notify(f"calibration reads vLLM's memory figures: a {self.tracker.label} log has none",
+                        severity="warning")
+            return
         self._open_calibration()
 
     @work(exit_on_error=False, group="log-calibrate", exclusive=True)
