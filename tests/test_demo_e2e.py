@@ -11,15 +11,11 @@ Every tmux server here has its own socket (``-L sctest-<pid>-<n>``) and is kille
 
 from __future__ import annotations
 
-import itertools
 import os
-import queue
 import re
 import shlex
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,25 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.demo_support import GUARD_S, ROOT, SSH, SSH_LINE, TMUX, Tmux, read_until
+from tests.demo_support import sparkconsole_exe as _sparkconsole
+from tests.demo_support import stop_demo as _stop
+from tests.demo_support import wait_exit as _wait_exit
 from tests.proc_support import line_reader
-
-ROOT = Path(__file__).resolve().parents[1]
-SSH = "/usr/bin/ssh"
-TMUX = shutil.which("tmux")
-# How long a wait on a condition may last before the test gives up: a guard against a hang, never a
-# bound on speed (a loaded machine starts Python and a Textual app many times slower than an idle one)
-GUARD_S = 120.0
-_socket_seq = itertools.count()
-
-
-def _sparkconsole() -> str:
-    exe = Path(sys.executable).parent / "sparkconsole"
-    if exe.exists():
-        return str(exe)
-    found = shutil.which("sparkconsole")
-    if found is None:
-        pytest.skip("the sparkconsole entry point is not installed")
-    return found
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -59,42 +41,14 @@ def _env(tmp_path: Path) -> dict[str, str]:
 # --- demo --serve + OpenSSH --------------------------------------------------------------------
 
 
-def _stop(proc: subprocess.Popen, sig: int) -> str:
-    """Stop ``demo --serve`` with ``sig`` (killed if it does not end within the guard); what it wrote on stderr."""
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    try:
-        proc.wait(timeout=GUARD_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    err = proc.stderr.read()
-    proc.stderr.close()
-    proc.stdout.close()
-    return err
-
-
-SSH_LINE = re.compile(r"^\s*(?P<node>spark-[0-9a-z]+): (?P<cmd>ssh .*)$")
-
-
 @pytest.mark.skipif(not os.access(SSH, os.X_OK), reason="no OpenSSH client at /usr/bin/ssh")
 def test_demo_serve_is_reachable_with_the_printed_openssh_command_and_stops_on_ctrl_c(tmp_path):
     proc = subprocess.Popen([_sparkconsole(), "demo", "--serve"], cwd=ROOT, env=_env(tmp_path),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        lines = line_reader(proc.stdout)
-        printed: list[str] = []
-        deadline = time.monotonic() + GUARD_S
-        while not any(s.startswith("Try:") for s in printed):
-            left = deadline - time.monotonic()
-            assert left > 0, f"demo --serve printed no ssh commands in {GUARD_S:g} s: {printed!r}"
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            assert line is not None, f"demo --serve exited early: {printed!r} / {proc.stderr.read()!r}"
-            printed.append(line.rstrip("\n"))
+        printed = read_until(proc, line_reader(proc.stdout), lambda p: any(s.startswith("Try:") for s in p),
+                             "demo --serve's ssh commands")
         commands = {m["node"]: m["cmd"] for s in printed if (m := SSH_LINE.match(s))}
         assert list(commands) == ["spark-1a32", "spark-5be3"], printed
 
@@ -131,46 +85,6 @@ def test_demo_serve_is_reachable_with_the_printed_openssh_command_and_stops_on_c
 # --- demo in tmux ------------------------------------------------------------------------------
 
 
-class Tmux:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.socket = f"sctest-{os.getpid()}-{next(_socket_seq)}"
-        self.env = env
-
-    def tmux(self, *args: str, check: bool = True) -> str:
-        assert TMUX is not None
-        r = subprocess.run([TMUX, "-u", "-L", self.socket, *args], env=self.env, capture_output=True,
-                           text=True, timeout=10, stdin=subprocess.DEVNULL)
-        if check and r.returncode != 0:
-            raise AssertionError(f"tmux {' '.join(args)}: {r.stderr}")
-        return r.stdout
-
-    def start(self, command: str) -> None:
-        self.tmux("-f", "/dev/null", "new-session", "-d", "-x", "160", "-y", "48", "-c", str(ROOT), command)
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", check=False)
-
-    def send(self, *keys: str) -> None:
-        self.tmux("send-keys", *keys)
-
-    def wait_for(self, *needles: str, timeout: float = GUARD_S) -> str:
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if all(n in screen for n in needles):
-                return screen
-            time.sleep(0.25)
-        missing = [n for n in needles if n not in screen]
-        raise AssertionError(f"not on screen after {timeout:g} s: {missing}\n{screen}")
-
-    def kill(self) -> None:
-        self.tmux("kill-server", check=False)
-        # tmux leaves its socket file behind; it is ours (a name no one else uses), so remove it
-        base = Path(self.env.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}" / self.socket
-        base.unlink(missing_ok=True)
-
-
 @contextmanager
 def demo_in_tmux(tmp_path: Path, *args: str) -> Iterator[tuple[Tmux, Path]]:
     if TMUX is None:
@@ -186,15 +100,6 @@ def demo_in_tmux(tmp_path: Path, *args: str) -> Iterator[tuple[Tmux, Path]]:
         yield t, exit_file
     finally:
         t.kill()
-
-
-def _wait_exit(exit_file: Path, screen: str, timeout: float = GUARD_S) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if exit_file.exists() and exit_file.read_text().strip():
-            return exit_file.read_text().strip()
-        time.sleep(0.1)
-    raise AssertionError(f"the console did not exit within {timeout:g} s\n{screen}")
 
 
 def _twins(screen: str) -> list[str]:
@@ -260,21 +165,9 @@ def test_demo_serve_stopped_by_a_signal_removes_its_folder_and_key(tmp_path, sig
     proc = subprocess.Popen([_sparkconsole(), "demo", "--serve"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        lines = line_reader(proc.stdout)
-        workdir: Path | None = None
-        deadline = time.monotonic() + GUARD_S
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0, "demo --serve did not come up in 20 s"
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            assert line is not None, f"demo --serve exited early: {proc.stderr.read()!r}"
-            if line.startswith("Files: "):
-                workdir = Path(line.split()[1])
-            if line.startswith("Try:"):
-                break
+        printed = read_until(proc, line_reader(proc.stdout), lambda p: any(s.startswith("Try:") for s in p),
+                             "demo --serve")
+        workdir = next((Path(s.split()[1]) for s in printed if s.startswith("Files: ")), None)
         assert workdir is not None and workdir.parent == tmp_path / "tmp"
         assert (workdir / "id_ed25519").exists()
     finally:

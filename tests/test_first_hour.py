@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shlex
 import signal
@@ -26,6 +25,7 @@ from sparkconsole.probe.assemble import RAY_ABSENT, assemble_sample
 from sparkconsole.probe.samples import RayStatus
 from sparkconsole.probe.script import SectionOutput
 from tests.conftest import strip_fixture_header
+from tests.demo_support import read_until, stop_demo
 from tests.lab.sshd import free_port
 from tests.proc_support import line_reader
 
@@ -198,18 +198,8 @@ def test_demo_serve_suggestion_runs_as_printed(tmp_path) -> None:
                             env=_env(tmp_path), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        lines = line_reader(proc.stdout)
-        printed: list[str] = []
-        deadline = time.monotonic() + GUARD_S
-        while not any(s.startswith("Try:") for s in printed):
-            left = deadline - time.monotonic()
-            assert left > 0, f"demo --serve printed no suggestion in {GUARD_S:g} s: {printed!r}"
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            assert line is not None, f"demo --serve exited early: {printed!r}"
-            printed.append(line.rstrip("\n"))
+        printed = read_until(proc, line_reader(proc.stdout), lambda p: any(s.startswith("Try:") for s in p),
+                             "demo --serve's suggestion")
         suggestion = next(s for s in printed if s.startswith("Try:"))
         m = re.match(r"^Try: (ssh .*? nvidia-smi)\b", suggestion)
         assert m, suggestion
@@ -221,15 +211,7 @@ def test_demo_serve_suggestion_runs_as_printed(tmp_path) -> None:
         assert r.returncode == 0, r.stderr
         assert "NVIDIA GB10" in r.stdout, r.stdout
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=GUARD_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        stop_demo(proc, signal.SIGINT)
 
 
 # ---- 6. a node without Ray: Ray absent, not "not read" ----------------------------------------
