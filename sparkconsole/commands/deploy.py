@@ -1,9 +1,8 @@
 """``sparkconsole deploy``: the deployment wizard without the console, for scripts and terminals.
 
-Walks the same flow as the console's wizard (``w``): recon, plan, engine, network, weights, images,
-free-memory, caches, cluster, serve, verify. Decisions are answered by ``--answer ID=VALUE``, by
-the recommendation under ``--auto``, or else the run stops at the decision (exit 1) and says which
-answer it needs. Commands that change a node are printed before they run; without ``--auto`` or
+Walks the same flow as the console's wizard (``w``). Decisions are answered by ``--answer ID=VALUE``,
+by the recommendation under ``--auto``, by the operator on a terminal, or else (a script) the run
+stops at the decision (exit 1) and says which answer it needs. Commands that change a node are printed before they run; without ``--auto`` or
 ``--yes`` they are asked for on a terminal and refused elsewhere.
 
 Exit 0 only when the model served and the test completion came back (or ``--until`` / ``--plan-only``
@@ -309,7 +308,8 @@ async def _deploy(args: argparse.Namespace, presets: dict[str, str], printer: Pr
         if not args.json and speed != 1.0:
             print(f"simulated cluster: its time runs x{speed:g} faster than the wall clock (waits and rates follow)")
         async with open_deployment(
-                config, options, state, answer=ScriptedAnswers(presets, auto=args.auto or args.plan_only),
+                config, options, state, answer=ScriptedAnswers(presets, auto=args.auto or args.plan_only,
+                                                                ask=_ask(args)),
                 emit=printer, confirm=_confirm(args, printer),
                 settings=Settings(poll_s=0.5 if speed > 1 else 2.0, speed=speed), journal=Journal(), store=store,
                 read_only=config.read_only or bool(getattr(args, "read_only", False)), plan_only=args.plan_only,
@@ -395,6 +395,40 @@ def _cluster_flags(args: argparse.Namespace) -> str:
     if getattr(args, "demo", False):
         return "--demo "
     return "".join(f"--host {h} " for h in getattr(args, "host", None) or [])
+
+
+def _ask(args: argparse.Namespace):
+    """The operator at a terminal answers each open decision (Enter: the recommended option; a number
+    or an option's value); None for a script (no terminal, ``--json``), which stops at the decision
+    and says which ``--answer`` it needs."""
+    if args.json or args.plan_only or not sys.stdin.isatty():
+        return None
+    from sparkconsole.deploy.decisions import DecisionStop
+    from sparkconsole.logs.follow import display_text
+
+    async def ask(d) -> str:
+        print(f"  ? {d.id}: {display_text(d.title)}")
+        for m in d.measured:
+            print(f"      {display_text(m)}")
+        for i, o in enumerate(d.options, 1):
+            mark = "  (recommended)" if o.value == d.recommended else ""
+            print(f"    {i}. {o.value}: {display_text(o.label)}{mark}")
+        for _ in range(3):
+            try:
+                reply = (await asyncio.to_thread(input, f"  answer [Enter: {d.recommended}] ")).strip()
+            except EOFError:
+                raise DecisionStop(d) from None
+            if not reply:
+                return d.recommended
+            if reply.isdigit() and 1 <= int(reply) <= len(d.options):
+                return d.options[int(reply) - 1].value
+            if d.option(reply) is not None or d.free_text:
+                return reply
+            print(f"  {display_text(reply)!r} is not one of 1-{len(d.options)} or "
+                  + ", ".join(o.value for o in d.options))
+        raise DecisionStop(d)
+
+    return ask
 
 
 def _confirm(args: argparse.Namespace, printer: Printer):

@@ -74,6 +74,9 @@ class ScriptedAnswers:
 
     presets: Mapping[str, str] = field(default_factory=dict)
     auto: bool = False
+    #: the operator at a terminal: the decision's open question asked there, its reply the answer
+    #: (:func:`sparkconsole.commands.deploy._ask`); None: a script, which stops instead
+    ask: Callable[[Decision], Awaitable[str]] | None = None
 
     def forget(self, decision_id: str) -> None:
         """A preset that led somewhere the flow came back from is not given again."""
@@ -85,6 +88,8 @@ class ScriptedAnswers:
             return decision.check(self.presets[decision.id]), "preset"
         if self.auto:
             return decision.recommended, "auto"
+        if self.ask is not None:
+            return decision.check(await self.ask(decision)), "operator"
         raise DecisionStop(decision)
 
 
