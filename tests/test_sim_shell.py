@@ -512,3 +512,22 @@ async def test_the_demo_inventory_is_a_config_the_console_loads(tmp_path):
             (n.port, n.role, n.identity, n.known_hosts) for n in demo.config.nodes]
         async with _connect(cfg.node(WORKER)) as c:  # the file is enough to reach a node
             assert (await c.run("hostname", check=False)).stdout == WORKER + "\n"
+
+
+@pytest.mark.parametrize("scenario", ["story", "prefill-squeeze", "bad-kernel", "new-keys"])
+def test_every_computed_file_lies_where_the_vfs_looks_for_them(scenario: str) -> None:
+    """The VFS renders the computed files only for a path under its VIRTUAL_ROOTS (a walk through a
+    home folder must not render the node): so every computed file must lie there, or it would vanish."""
+    from sparkconsole.sim import build
+    from sparkconsole.sim.vfs import VIRTUAL_ROOTS
+
+    c = build(scenario, clock=SimClock.frozen())
+    for node in c.nodes:
+        files = c.virtual_files(c, node)
+        assert files
+        stray = [p for p in files if not any(p.startswith(r + "/") for r in VIRTUAL_ROOTS)]
+        assert not stray, stray
+        fs = c.fs(node) if hasattr(c, "fs") else None
+        if fs is not None:
+            assert fs.read_text("/proc/meminfo").startswith("MemTotal:")
+            assert "meminfo" in fs.listdir("/proc") and fs.lookup("/home/nobody/x") is None

@@ -82,6 +82,16 @@ def _held_now() -> dict[int, tuple[dict[str, str], set[str]]]:
     return _HELD.get() or {}
 
 
+#: Where a node's computed files live (``formats.sysfs_files``: the kernel's /proc and /sys, and the
+#: few /etc files a release names). A path elsewhere is looked up among the written files alone, so a
+#: walk through a home folder never renders the node's /proc (each rendering is the whole model).
+VIRTUAL_ROOTS = ("/proc", "/sys", "/etc")
+
+
+def _may_be_virtual(real: str) -> bool:
+    return any(real == r or real.startswith(r + "/") for r in VIRTUAL_ROOTS)
+
+
 class VFS:
     """The files of one node. ``now`` gives sim time (mtimes); ``virtual`` the computed files."""
 
@@ -173,6 +183,8 @@ class VFS:
         ent = self.entries.get(real)
         if ent is not None:
             return ent
+        if not _may_be_virtual(real):
+            return None
         files = self.virtual()
         if real in files:
             text = files[real]
@@ -212,7 +224,8 @@ class VFS:
             raise FsError(ENOTDIR, path)
         prefix = real.rstrip("/") + "/"
         names = {p[len(prefix):].split("/", 1)[0] for p in self.entries if p.startswith(prefix) and p != real}
-        names |= {p[len(prefix):].split("/", 1)[0] for p in self.virtual() if p.startswith(prefix)}
+        if _may_be_virtual(real):
+            names |= {p[len(prefix):].split("/", 1)[0] for p in self.virtual() if p.startswith(prefix)}
         return sorted(n for n in names if n)
 
     def walk(self, top: str, follow: bool = False, cwd: str = "/") -> Iterator[tuple[str, Inode]]:
