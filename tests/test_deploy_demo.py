@@ -147,6 +147,7 @@ def test_story_by_auto_meets_the_decisions_serves_repeats_without_change_and_tea
         assert first["ok"]
     result = events[-1]
     assert result["event"] == "result" and result["ok"] and result["endpoint"].endswith(":8000/v1")
+    assert result["model"] == "qwen3.5-122b-a10b-fp8"  # the repository's name in lower case: what a request names
     assert set(steps(events).values()) <= {"done", "skipped"} and len(steps(events)) == len(STEP_IDS)  # every step, the benchmark offered last
     d = decisions(events)
     assert d["plan.layout"]["answer"] == d["plan.layout"]["recommended"] == "tp2"

@@ -154,7 +154,7 @@ class Printer:
         if kind == "output":
             return f"      | {e.text}" if self.verbose else None
         if kind == "result":
-            tail = f" — {e.endpoint}" if e.endpoint else ""
+            tail = (f" — {e.endpoint}" + (f", model {e.model}" if e.model else "")) if e.endpoint else ""
             tps = f" ({e.tokens_per_s} tok/s)" if e.tokens_per_s else ""
             return f"{'served' if e.ok and e.endpoint else 'ok' if e.ok else 'stopped'}: {e.message}{tail}{tps}"
         return None

@@ -113,4 +113,5 @@ class ResultEvent(Event):
     endpoint: str | None
     message: str = ""
     tokens_per_s: float | None = None
+    model: str | None = None  # the served model name: what a request's "model" must say
     kind = "result"

@@ -36,7 +36,8 @@ class Outcome:
 def _result(flow: Flow, ok: bool, message: str) -> ResultEvent:
     st = flow.runner.state
     tps = flow.plan.tokens_per_s
-    return ResultEvent(ok, st.endpoint if ok else None, message, round(tps, 1) if tps else None)
+    return ResultEvent(ok, st.endpoint if ok else None, message, round(tps, 1) if tps else None,
+                       flow.served_name if ok and st.endpoint else None)
 
 
 async def run_flow(flow: Flow, *, until: str | None = None,
