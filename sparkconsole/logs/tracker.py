@@ -43,6 +43,8 @@ class LineTracker:
     merged log makes one per node."""
 
     label = ""
+    _phase: str | None  # the timeline's current phase, kept by the subclass (None before the first)
+    _events: list[tuple[str, int]]  # (phase, line number) each time it moved
 
     def __init__(self) -> None:
         self._line_no = 0
@@ -50,6 +52,18 @@ class LineTracker:
         self._cached: LogReport | None = None
         self._nodes: dict[str, LineTracker] = {}  # source -> that node's own tracker
         self._fail_order: list[str] = []  # sources in the order they first failed
+
+    def _enter_phase(self, phase: str) -> None:
+        """Move the timeline forward (phases never go back; ``failed`` ends it). A subclass keeps
+        ``_phase`` (the current one, None before the first) and ``_events`` ((phase, line) pairs)."""
+        if self._failed and phase != PHASE_FAILED:
+            return
+        if self._phase == phase:
+            return
+        if self._phase is not None and PHASE_ORDER[phase] < PHASE_ORDER[self._phase]:
+            return
+        self._phase = phase
+        self._events.append((phase, self._line_no))
 
     # -- what a subclass provides --------------------------------------------------------------
     def _feed_physical(self, physical: str) -> None:
@@ -187,17 +201,6 @@ class PhaseTracker(LineTracker):
         if not self._failed:
             self._level = 2
             self._enter_phase(PHASE_READY)
-
-    def _enter_phase(self, phase: str) -> None:
-        """Move the timeline forward (phases never go back; ``failed`` ends it)."""
-        if self._failed and phase != PHASE_FAILED:
-            return
-        if self._phase == phase:
-            return
-        if self._phase is not None and PHASE_ORDER[phase] < PHASE_ORDER[self._phase]:
-            return
-        self._phase = phase
-        self._events.append((phase, self._line_no))
 
     def _fail(self, kind: str, text: str, *, specific: bool) -> None:
         """A failure: ``specific`` when ``text`` names its cause (an exception, a signature), not when

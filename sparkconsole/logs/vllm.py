@@ -67,7 +67,6 @@ from sparkconsole.logs.report import (
     LogReport,
     worst_report,
 )
-from sparkconsole.logs.report import PHASE_ORDER as _PHASE_ORDER
 from sparkconsole.logs.tracker import LineTracker
 
 #: the report a vLLM log gives: every engine's (:class:`~sparkconsole.logs.report.LogReport`), by the
@@ -779,17 +778,6 @@ class VllmLogTracker(LineTracker):
         self._seen = True
         if self._level < 1:
             self._level = 1
-
-    def _enter_phase(self, phase: str) -> None:
-        """Move the timeline forward (phases never go back; ``failed`` ends it)."""
-        if self._failed and phase != PHASE_FAILED:
-            return
-        if self._phase == phase:
-            return
-        if self._phase is not None and _PHASE_ORDER[phase] < _PHASE_ORDER[self._phase]:
-            return
-        self._phase = phase
-        self._events.append((phase, self._line_no))
 
     def _set_ranked(self, field: str, value: Any, rank: int) -> None:
         """A value several lines state, some more reliably than others (the model, the version):
