@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["tests.lab.fixtures", "tests.lab.lab_fixtures"]
+
+# A pytest-xdist worker sets COLUMNS=80 and LINES=24 for its own output; Textual takes them as the
+# terminal's size, so every console a test starts in a 160x48 tmux pane would draw itself at 80x24.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL = FIXTURES / "real"
