@@ -188,7 +188,7 @@ async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
                                       "benchmark.run")]
         confirmed = [s for kind, s in asked if kind == "confirm"]
         # (no cluster step's changes: vLLM's native start forms no Ray cluster)
-        for step in ("engine", "weights", "images", "free-memory", "caches", "serve"):
+        for step in ("engine", "weights", "images", "free-memory", "caches", "guard", "serve"):
             assert step in confirmed, (step, asked)
         assert asked.index(("decision", "free-memory.stop")) < asked.index(("confirm", "free-memory"))
 
@@ -197,7 +197,7 @@ async def test_the_whole_story_by_keyboard_with_the_node_panels_alive(tmp_path):
         assert "served and verified" in wizard.result_text().plain
         states = {s: wizard.run.view(s).state for s in (
             "recon", "plan", "engine", "network", "weights", "images", "free-memory", "caches", "cluster",
-            "serve", "verify")}
+            "guard", "serve", "verify")}
         assert set(states.values()) <= {"done", "skipped"}, states
         decisions = {d.id: d for s in states for d in wizard.run.view(s).decisions}
         # each was asked of the operator once (the modals above); after caches.fit sent the flow back

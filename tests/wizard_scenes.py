@@ -88,7 +88,7 @@ WEIGHTS_LOADING = [
     CommandEvent("free-memory", HEAD, "docker stop reranker", 0, "docker stop reranker", True, 0.4),
     CommandEvent("free-memory", HEAD, "docker stop vllm-glm", 0, "docker stop vllm-glm", True, 0.4),
     StepEvent("free-memory", "done"),
-    *_done("caches"), *_done("cluster"),
+    *_done("caches"), *_done("cluster"), *_done("guard"),
     StepEvent("serve", "running"),
     CommandEvent("serve", HEAD, "docker exec -d sparkconsole-ray-74000ab12 sh -c 'vllm serve …'", 0,
                  "start vLLM (Ray, TP=2) in sparkconsole-ray-74000ab12", True, 0.4),

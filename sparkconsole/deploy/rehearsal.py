@@ -137,7 +137,8 @@ class Rehearsal:
 DEFAULT_COMMAND_S = 0.5  # one command's round trip where the read-only walk measured none
 
 
-def work_intervals(sim: Any, command_s: float) -> list[tuple[float, float]]:
+def work_intervals(sim: Any, command_s: float,
+                   beside: Sequence[tuple[float, float]] = ()) -> list[tuple[float, float]]:
     """When the twin's nodes were busy with what takes the time of a deployment: each transfer
     (an image's copy or pull) from its start to its end, each stretch of files written or read (a
     download, a copy's receiving end, a load of the weights: the page cache's ramps), each engine
@@ -145,7 +146,9 @@ def work_intervals(sim: Any, command_s: float) -> list[tuple[float, float]]:
     (its starts, transfers and the pauses between a streamed copy's passes), and each command the
     console sent for the time the node worked on it plus one round trip (``command_s``, measured on
     the real cluster: in-process SSH has none). A poll sent while a job runs overlaps the job, so it
-    adds nothing; two nodes answering at once count once."""
+    adds nothing; two nodes answering at once count once. A job started within one of the ``beside``
+    windows (a step whose jobs run beside the deployment: the memory guard's watcher) is nobody's
+    work: it runs, and waits, for as long as the engine does."""
     out = [(r.t0, r.stop) for r in sim.cache_ramps]
     for tr in sim.transfers:
         end = min(x for x in (tr.t1, tr.cancelled_at, tr.failed_at) if x is not None)
@@ -154,7 +157,8 @@ def work_intervals(sim: Any, command_s: float) -> list[tuple[float, float]]:
         end = next((x for x in (e.ready_at, e.failed_at, e.stopped_at) if x is not None), None)
         if end is not None:
             out.append((e.started, end))
-    out.extend((w.t0, w.t1 + (command_s if w.kind == "exec" else 0.0)) for w in sim.work_spans)
+    out.extend((w.t0, w.t1 + (command_s if w.kind == "exec" else 0.0)) for w in sim.work_spans
+               if w.kind != "job" or not any(lo <= w.t0 <= hi for lo, hi in beside))
     return out
 
 
@@ -376,11 +380,14 @@ async def rehearse_on_twin(twin: Twin, options: Options, presets: dict[str, str]
                     settings=Settings(poll_s=0.5, speed=speed), journal=Journal(Path(tmp) / "journal.jsonl"),
                     store=StateStore(Path(tmp) / "deployments"), lock=False) as session:
                 outcome = await run_flow(session.flow, until=until, on_plan=col.plan)
+                beside = {s.id for s in session.flow.steps if s.jobs_run_beside}
         finally:
             await demo.stop()
     col.events.append(outcome.result.to_json())
     command_s = twin.measured.get("command_s") or DEFAULT_COMMAND_S
-    estimate_runs(col.runs, work_intervals(sim, command_s))
+    windows = [(r.started, r.ended) for r in col.runs if r.step in beside and r.started is not None
+               and r.ended is not None]
+    estimate_runs(col.runs, work_intervals(sim, command_s, windows))
     invented = list(sim.invented) + _rates_invented(twin)
     if twin.measured.get("command_s") is None:
         invented.append(f"one command's round trip: {DEFAULT_COMMAND_S} s (not measured)")

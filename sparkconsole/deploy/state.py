@@ -6,8 +6,8 @@ previous version whole. The folder is private (:func:`~sparkconsole.durable.priv
 user's own, written by nobody else) and no record in it is followed through a symbolic link: a
 ``--resume`` acts on what the state names, so a state someone else could plant is refused. It holds the options, the answers, what recon read, each step's state,
 the detached jobs (node, pid, files), the containers this deployment started (by id, so teardown
-touches nothing else) and the services it stopped (so teardown can offer them back). Secrets are
-never in it: the wizard never reads a token, and every string passes :func:`journal.redact`
+touches nothing else), the memory-guard watchers it armed and the services it stopped (so teardown
+can offer them back). Secrets are never in it: the wizard never reads a token, and every string passes :func:`journal.redact`
 on the way out for good measure.
 """
 
@@ -64,6 +64,18 @@ class Started:
 
 
 @dataclass
+class Guard:
+    """A memory-guard watcher this deployment armed on a node (the guard step): teardown removes it and
+    every file it had (:func:`~sparkconsole.remote.memory_guard_remove`). ``targets``: the containers it
+    stops, so that a step run again after the flow went back arms it anew when they changed."""
+
+    node: str
+    job_dir: str
+    pid: int = 0
+    targets: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Stopped:
     """A service this deployment stopped to free memory: teardown offers to start it again."""
 
@@ -85,6 +97,7 @@ class DeploymentState:
     jobs: dict[str, Job] = field(default_factory=dict)
     started: list[Started] = field(default_factory=list)
     stopped: list[Stopped] = field(default_factory=list)
+    guards: list[Guard] = field(default_factory=list)
     done_commands: list[str] = field(default_factory=list)  # keys of mutating commands that finished ok
     endpoint: str | None = None
     result: str | None = None  # served | failed | stopped | torn-down
@@ -111,7 +124,7 @@ class DeploymentState:
         """Every node this state names (what it started, stopped, runs as jobs): each must be in the
         inventory it is run with."""
         return ({s.node for s in self.started} | {s.node for s in self.stopped}
-                | {j.node for j in self.jobs.values()})
+                | {j.node for j in self.jobs.values()} | {g.node for g in self.guards})
 
     def to_json(self) -> dict[str, Any]:
         return _redacted(asdict(self))
@@ -131,6 +144,7 @@ class DeploymentState:
                 jobs={k: Job(**v) for k, v in (data.get("jobs") or {}).items()},
                 started=[Started(**s) for s in data.get("started") or []],
                 stopped=[Stopped(**s) for s in data.get("stopped") or []],
+                guards=[Guard(**g) for g in data.get("guards") or []],
                 done_commands=list(data.get("done_commands") or []),
                 endpoint=data.get("endpoint"), result=data.get("result"), cluster=str(data.get("cluster") or ""),
             )

@@ -12,8 +12,18 @@ from sparkconsole.deploy.runner import StepFailed
 from sparkconsole.deploy.steps.cluster import MADE_FILES
 from sparkconsole.deploy.steps.memory import drop_page_cache
 from sparkconsole.logs.follow import display_text
+from sparkconsole.probe.memory_guard import parse_guard_status
 from sparkconsole.probe.parsers import parse_docker_ps
-from sparkconsole.remote import command, docker_action, docker_rm_force, remove_file, systemctl_action
+from sparkconsole.remote import (
+    GuardFiles,
+    command,
+    docker_action,
+    docker_rm_force,
+    memory_guard_remove,
+    memory_guard_status,
+    remove_file,
+    systemctl_action,
+)
 
 
 @dataclass
@@ -42,8 +52,13 @@ class Teardown:
             left = {c.name for c in parse_docker_ps(ps.stdout)} & set(names)
             if left:
                 raise StepFailed(f"{n}: still there after removal: {', '.join(sorted(left))}")
+        for g in runner.state.guards:  # no watcher left running, no arm or state file left behind
+            st = parse_guard_status((await runner.read(g.node, memory_guard_status(GuardFiles.under(g.job_dir)))).stdout)
+            if st is None or st.armed or st.running or st.level:
+                raise StepFailed(f"{g.node}: the memory guard is still there after its removal ({g.job_dir})")
         runner.state.started = []
         runner.state.jobs = {}
+        runner.state.guards = []
         runner.state.facts.pop(MADE_FILES, None)
         runner.save()
         if runner.state.stopped:
@@ -72,10 +87,16 @@ class Teardown:
         return by_node
 
     async def _remove(self) -> None:
-        """Stop the deployment's detached jobs that still run (a download, a copy, an image transfer
-        would go on filling the disk, and a copy would wait on its download: issue 23, item 7), then
-        remove its containers by name."""
+        """Remove the memory guard's watchers first (one left would stop nothing of ours, yet run on;
+        removed, each leaves no file), stop the deployment's detached jobs that still run (a download, a
+        copy, an image transfer would go on filling the disk, and a copy would wait on its download:
+        issue 23, item 7), then remove its containers by name."""
         runner = self.flow.runner
+        for g in runner.state.guards:
+            res = await runner.change(g.node, memory_guard_remove(GuardFiles.under(g.job_dir)))
+            if not res.ok:
+                raise StepFailed(f"{g.node}: the memory guard's removal failed: "
+                                 f"{display_text(res.stderr.strip()[-200:])}")
         for key, job in sorted(runner.state.jobs.items()):
             if await runner.stop_job(job) and not runner.rehearsing:
                 runner.note(f"stopped {job.what or key} (pid {job.pid})", node=job.node)

@@ -303,6 +303,16 @@ def ibdev2netdev(c: SimCluster, node: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def virtual_file(c: SimCluster, node: str, path: str, t: float) -> str | None:
+    """``path`` as :func:`sysfs_files` renders it, rendered alone, for the files read every few
+    seconds (a memory watcher's tick); None for any other (the caller renders them all)."""
+    render = _ALONE.get(path)
+    if render is None:
+        return None
+    mine = c.node(node).files
+    return mine[path] if path in mine else render(c, node, t)
+
+
 def sysfs_files(c: SimCluster, node: str, t: float) -> dict[str, str]:
     """The small virtual files a probe may read (``cat``/``grep`` them)."""
     n = c.node(node)
@@ -937,3 +947,6 @@ def ssh_host_key(c: SimCluster, node: str) -> str:
     kind = b"ssh-ed25519"
     blob = len(kind).to_bytes(4, "big") + kind + len(raw).to_bytes(4, "big") + raw
     return f"ssh-ed25519 {base64.b64encode(blob).decode()} root@{node}"
+
+
+_ALONE = {"/proc/meminfo": meminfo, "/proc/pressure/memory": pressure_memory, "/proc/uptime": uptime}

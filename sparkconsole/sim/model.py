@@ -600,6 +600,8 @@ class Container:
     # top of the idle wobble), and the TCP ports its processes listen on: (address, port, process name)
     cpu_pct: float = 0.0
     listens: tuple[tuple[str, int, str], ...] = ()
+    # the ``hostile`` scenario's engine (sim/hostile.py's Hostile): an endless log and a 1 GB /metrics page
+    hostile: Any = None
 
     @property
     def host_pid(self) -> int:
@@ -1033,8 +1035,14 @@ class SimCluster:
         self.proc_tables: dict[str, ProcTable] = {}
         # computes a node's virtual /proc, /sys and /etc files (set by the renderers' owner: the shell)
         self.virtual_files: Callable[[SimCluster, str], dict[str, str]] | None = None
+        # one of them rendered alone (node, path), None where it is not one of those: what a watcher
+        # reads every tick (/proc/meminfo, /proc/pressure/memory) costs one file, not the node's all
+        self.virtual_file: Callable[[SimCluster, str, str], str | None] | None = None
         # told when a node is lost (the engine planner uses it: TP engines spanning the node hang)
         self.lost_listeners: list[Callable[[SimCluster, str, float], None]] = []
+        # told of each ``vllm serve`` run once planned (node, container, run): a scenario's event that
+        # comes to an engine started while the demo runs (prefill-squeeze's long prompt)
+        self.engine_listeners: list[Callable[[SimCluster, str, str, EngineRun], None]] = []
         self.units: dict[str, dict[str, str]] = {}
         # How stock the nodes are (scenarios.py sets them; the default is stock DGX OS, issue 22):
         # permissive: today's old twin (root login, sudo that asks nothing, hf on the host);
@@ -1076,7 +1084,8 @@ class SimCluster:
         """The node's file system (made on first use, with the login user's HF cache in place)."""
         v = self.filesystems.get(node)
         if v is None:
-            v = VFS(self.now, lambda: self.virtual_files(self, node) if self.virtual_files else {})
+            v = VFS(self.now, lambda: self.virtual_files(self, node) if self.virtual_files else {},
+                    lambda path: self.virtual_file(self, node, path) if self.virtual_file else None)
             acct = self.login(node)
             v.mkdir(hf_hub(acct.home), parents=True)
             v.mkdir(f"{acct.home}/.cache/sparkconsole", parents=True)

@@ -33,7 +33,15 @@ new-keys   ``story`` on nodes that never ssh'd to each other over the fast link:
 prefill-   ``story``; ``SQUEEZE_AT`` sim seconds in (60 s) a long prompt reaches ``vllm-glm`` and its
 squeeze    prefill grows the EngineCore's memory over ``SQUEEZE_SPAN`` seconds (120 s) until the head
            would be 2 GiB past empty: ``MemAvailable`` falls to zero and ``/proc/pressure/memory``
-           climbs, unless the engine is stopped first (``docker stop`` frees it).
+           climbs, unless the engine is stopped first (``docker stop`` frees it). The first engine
+           started on the head while the demo runs that takes a 128K prompt (a deployment's, not
+           its canary) meets the same prompt ``SQUEEZE_SERVED_AT`` seconds (10 min) after it is
+           ready: once the wizard has verified it.
+hostile    ``story``, and the last node also runs ``vllm-flood`` (an engine on port 8000) that turns
+           hostile ``HOSTILE_AT`` sim seconds in (60 s): its log writes one line without a newline
+           for 30 s (7.5 MiB), then 5,000 lines a second, and its ``/metrics`` is a 1 GB page of
+           2,000,000 series, sent chunked (:mod:`sparkconsole.sim.hostile`). The console keeps a
+           bounded part of each; ``benchmarks/soak.py`` holds it to its figures.
 ========== =====================================================================================
 
 Every scenario but ``permissive`` behaves like stock DGX OS (../docs/dgx-os.md): a non-root login
@@ -47,6 +55,7 @@ from __future__ import annotations
 
 from sparkconsole.sim import formats, vllm_logs
 from sparkconsole.sim.clock import SimClock
+from sparkconsole.sim.hostile import Hostile
 from sparkconsole.sim.model import (
     GIB,
     IMAGE_NEW,
@@ -55,14 +64,19 @@ from sparkconsole.sim.model import (
     IMAGE_OLD,
     IMAGE_SGLANG,
     Container,
+    EngineRun,
     SimCluster,
     stable_hex,
 )
 
 SCENARIOS = ("story", "healthy", "link-down", "node-lost", "old-image", "permissive", "two-subnet", "overlay2",
-             "ngc-image", "gb10-ray", "bad-kernel", "new-keys", "prefill-squeeze")
+             "ngc-image", "gb10-ray", "bad-kernel", "new-keys", "prefill-squeeze", "hostile")
 SQUEEZE_AT = 60.0  # prefill-squeeze: when the long prompt arrives (sim seconds)
 SQUEEZE_SPAN = 120.0  # and how long its prefill takes to eat what the head has left, and 2 GiB more
+SQUEEZE_PROMPT = 131_072  # its length in tokens (the field's 128K prefill)
+SQUEEZE_SERVED_AT = 600.0  # an engine started while the demo runs: how long after it is ready the prompt comes
+HOSTILE_AT = 60.0  # hostile: when the last node's vllm-flood turns hostile (sim seconds)
+FLOOD = "vllm-flood"  # hostile: the engine container that does
 QWEN = "Qwen/Qwen3.5-122B-A10B-FP8"
 GLM = "GadflyII/GLM-4.7-Flash-NVFP4"
 EMBED = "Qwen/Qwen3-Embedding-0.6B"
@@ -85,16 +99,40 @@ def _service(cluster: SimCluster, node: str, name: str, model: str, argv: list[s
     return ct
 
 
-def _prefill_squeeze(cluster: SimCluster, node: str, ct: Container, t0: float, span: float) -> None:
-    """``ct``'s engine starts prefilling a long prompt at ``t0``: its EngineCore's unified memory
-    grows linearly for ``span`` seconds by what the node has available at ``t0`` and 2 GiB more (the
-    field's 128K prefill: activations and KV blocks the pool was not sized for). The holder's curve
-    ends when the container stops, so a stop before ``t0 + span`` gives the memory back."""
-    assert ct.engine is not None
-    core = next(h for h in ct.engine.holders if h.node == node and h.gpu)
-    need = cluster.memory(node, t0).available + 2 * GIB
+def _prefill_squeeze(cluster: SimCluster, node: str, engine: EngineRun, t0: float, span: float,
+                     unseen: float = 0.0) -> None:
+    """``engine`` starts prefilling a long prompt at ``t0``: its EngineCore's unified memory grows
+    linearly for ``span`` seconds by what the node has available at ``t0`` and 2 GiB more (the
+    field's 128K prefill: activations and KV blocks the pool was not sized for). ``unseen``: what the
+    engine holds at ``t0`` that the node's figures do not count yet (a run planned before its
+    container carries it). The holder's curve ends when the container stops, so a stop before
+    ``t0 + span`` gives the memory back."""
+    core = next(h for h in engine.holders if h.node == node and h.gpu)
+    need = max(0.0, cluster.memory(node, t0).available - unseen) + 2 * GIB
     v0 = core.bytes_at(t0)
     core.curve.points = [p for p in core.curve.points if p[0] < t0] + [(t0, v0), (t0 + span, v0 + need)]
+
+
+class _SqueezeNewEngine:
+    """prefill-squeeze for an engine started while the demo runs: the first ``vllm serve`` on ``head``
+    that comes to serve and takes the long prompt (``--max-model-len`` of at least
+    :data:`SQUEEZE_PROMPT` tokens: a deployment's engine, not its short-context canary) meets it
+    :data:`SQUEEZE_SERVED_AT` seconds after it is ready (once the wizard's verify is long done: the
+    prompt is a user's, not the wizard's). Planned again (a native rank that joined late) it is the
+    same engine; any later one (a service started again at teardown) is left alone."""
+
+    def __init__(self, head: str) -> None:
+        self.head = head
+        self.engine: tuple[str, float] | None = None  # (container, start) of the engine it came to
+
+    def __call__(self, cluster: SimCluster, node: str, container: str, run: EngineRun) -> None:
+        if (node != self.head or run.ready_at is None or run.max_model_len < SQUEEZE_PROMPT
+                or self.engine not in (None, (container, run.started))):
+            return
+        self.engine = (container, run.started)
+        t0 = run.ready_at + SQUEEZE_SERVED_AT
+        own = sum(h.bytes_at(t0) for h in run.holders if h.node == node)
+        _prefill_squeeze(cluster, node, run, t0, SQUEEZE_SPAN, unseen=own)
 
 
 def _engines_see_lost_node(cluster: SimCluster, node: str, t: float) -> None:
@@ -107,13 +145,18 @@ def wire(c: SimCluster) -> SimCluster:
     (the model imports neither, so it stays free of text)."""
     if c.virtual_files is None:
         c.virtual_files = lambda cl, node: formats.sysfs_files(cl, node, cl.now())
+    if c.virtual_file is None:
+        c.virtual_file = lambda cl, node, path: formats.virtual_file(cl, node, path, cl.now())
     if _engines_see_lost_node not in c.lost_listeners:
         c.lost_listeners.append(_engines_see_lost_node)
     return c
 
 
 def build(scenario: str = "story", nodes: int = 2, clock: SimClock | None = None, seed: int = 1234,
-          lost_after: float = 20.0) -> SimCluster:
+          lost_after: float = 20.0, hostile: Hostile | None = None) -> SimCluster:
+    """The cluster of ``scenario``. ``hostile``: for the ``hostile`` scenario, what its last node's
+    ``vllm-flood`` does and from when (default: :class:`~sparkconsole.sim.hostile.Hostile` from
+    :data:`HOSTILE_AT`; ``benchmarks/soak.py`` sets its own)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}: choose one of {', '.join(SCENARIOS)}")
     clock = clock or SimClock()
@@ -166,5 +209,12 @@ def build(scenario: str = "story", nodes: int = 2, clock: SimClock | None = None
                      [EMBED, "--port", "8001", "--gpu-memory-utilization", "0.05", "--runner", "pooling"],
                      -88_400.0, activity=0.1)
         if scenario == "prefill-squeeze":
-            _prefill_squeeze(c, head, glm, SQUEEZE_AT, SQUEEZE_SPAN)
+            assert glm.engine is not None
+            _prefill_squeeze(c, head, glm.engine, SQUEEZE_AT, SQUEEZE_SPAN)
+            c.engine_listeners.append(_SqueezeNewEngine(head))
+        if scenario == "hostile":
+            flood = _service(c, names[-1], FLOOD, EMBED,
+                             [EMBED, "--served-model-name", "flood", "--gpu-memory-utilization", "0.05",
+                              "--runner", "pooling"], -88_300.0, activity=0.1)
+            flood.hostile = hostile if hostile is not None else Hostile(t0=HOSTILE_AT)
     return c

@@ -72,6 +72,8 @@ class Shell(SysTools, FileTools, NetTools, DockerTools, RayTools, HfTools, Rsync
         super().__init__(cluster, node)
         if cluster.virtual_files is None:
             cluster.virtual_files = lambda cl, n: F.sysfs_files(cl, n, cl.now())
+        if cluster.virtual_file is None:
+            cluster.virtual_file = lambda cl, n, path: F.virtual_file(cl, n, path, cl.now())
         cluster.units.setdefault(node, dict(UNITS_DEFAULT))
 
     @property

@@ -95,9 +95,13 @@ def _may_be_virtual(real: str) -> bool:
 class VFS:
     """The files of one node. ``now`` gives sim time (mtimes); ``virtual`` the computed files."""
 
-    def __init__(self, now: Callable[[], float], virtual: Callable[[], dict[str, str]] | None = None) -> None:
+    def __init__(self, now: Callable[[], float], virtual: Callable[[], dict[str, str]] | None = None,
+                 one: Callable[[str], str | None] | None = None) -> None:
         self.now = now
         self._compute = virtual or (lambda: {})
+        # one computed file rendered alone (None: not one that can be): a read of /proc/meminfo every two
+        # seconds need not render every file of the node
+        self._one = one or (lambda _path: None)
         self.entries: dict[str, Inode] = {"/": Inode("dir")}
         self.listeners: list[Callable[[str], None]] = []  # called with a path after each write
         for d in ("/root", "/tmp", "/dev", "/etc", "/usr/bin", "/var/log", "/proc", "/sys"):
@@ -185,7 +189,8 @@ class VFS:
             return ent
         if not _may_be_virtual(real):
             return None
-        files = self.virtual()
+        alone = self._one(real) if id(self) not in _held_now() else None
+        files = self.virtual() if alone is None else {real: alone}
         if real in files:
             text = files[real]
             if isinstance(text, Unreadable):

@@ -760,7 +760,8 @@ def plan_serve(
     whose start is history: no Hub wait, nothing copied to Ray workers).
 
     A TP worker's node that is already due to be lost (``lost_at`` set, as in the ``node-lost``
-    scenario) is applied to the plan at once: see :func:`worker_lost`."""
+    scenario) is applied to the plan at once: see :func:`worker_lost`; then the cluster's
+    ``engine_listeners`` are told of the run (a scenario's event that comes to it)."""
     from sparkconsole.sim.serve_plan import ServePlan  # it builds on this module's formats and frames
 
     run = ServePlan(cluster, node, container, version, args, t0, pid_api, activity, driver_env=driver_env,
@@ -777,6 +778,8 @@ def plan_serve(
     if losses:
         lost_at, name = losses[0]
         worker_lost(cluster, run, name, max(lost_at, t0))
+    for listener in list(cluster.engine_listeners):
+        listener(cluster, node.name, container, run)
     return run
 
 

@@ -19,6 +19,7 @@ from sparkconsole.deploy.steps.benchmark import Benchmark
 from sparkconsole.deploy.steps.canary import Canary
 from sparkconsole.deploy.steps.cluster import Cluster
 from sparkconsole.deploy.steps.engine import Engine
+from sparkconsole.deploy.steps.guard import Guard
 from sparkconsole.deploy.steps.images import Images
 from sparkconsole.deploy.steps.memory import Caches, FreeMemory
 from sparkconsole.deploy.steps.network import Network
@@ -28,9 +29,9 @@ from sparkconsole.deploy.steps.serve import Serve
 from sparkconsole.deploy.steps.verify import Verify
 from sparkconsole.deploy.steps.weights import Weights
 
-STEPS: tuple[type[Step], ...] = (Recon, Plan, Engine, Canary, Network, Weights, Images, FreeMemory, Caches, Cluster, Serve,
-                                 Verify, Benchmark)
+STEPS: tuple[type[Step], ...] = (Recon, Plan, Engine, Canary, Network, Weights, Images, FreeMemory, Caches, Cluster, Guard,
+                                 Serve, Verify, Benchmark)
 STEP_IDS: tuple[str, ...] = tuple(s.id for s in STEPS)
 
-__all__ = ["STEPS", "STEP_IDS", "Benchmark", "Caches", "Cluster", "Engine", "FreeMemory", "Images", "Network", "Plan", "Recon",
-           "Serve", "Step", "Verify", "Weights"]
+__all__ = ["STEPS", "STEP_IDS", "Benchmark", "Caches", "Cluster", "Engine", "FreeMemory", "Guard", "Images", "Network",
+           "Plan", "Recon", "Serve", "Step", "Verify", "Weights"]

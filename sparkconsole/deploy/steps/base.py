@@ -29,6 +29,8 @@ class Step:
     rerun_when_done = False  # probed and run again on --resume even when it finished before
     decisions: tuple[str, ...] = ()  # the ids of the decisions this step may ask
     done_when_serving = False  # skipped when the head already serves this deployment's model (a resume)
+    jobs_run_beside = False  # its detached jobs run beside the deployment, never waited on (a rehearsal's
+    # estimate does not count them as work: the memory guard's watcher)
 
     def __init__(self, flow: Flow) -> None:
         self.flow = flow  # the options, the nodes and their facts, the plan: what the steps share

@@ -149,6 +149,13 @@ class Caches(Step):
         if not need:
             return
         facts = await flow.recon(flow.nodes)
+        unread = [n for n in flow.nodes if not facts[n].reachable or facts[n].mem_available is None]
+        if unread:  # a busy node may miss one read: read it once more (recon changes nothing)
+            facts = {**facts, **await flow.recon(unread)}
+            unread = [n for n in unread if not facts[n].reachable or facts[n].mem_available is None]
+        if unread:  # no figure is no zero: a budget fitted to it would be nonsense (a negative gmu)
+            raise StepFailed(f"{', '.join(unread)} did not answer: its free memory is unknown",
+                             "check the node answers over SSH, then --resume")
         free = {n: int((facts[n].mem_available or 0) - (facts[n].page_cache or 0)) for n in flow.nodes}
         short = [n for n in flow.nodes if free[n] < need.get(n, 0) + START_OVERHEAD]
         for n in flow.nodes:
@@ -173,6 +180,8 @@ class Caches(Step):
                      "the start-up check counts only free memory; what stays cached is root's to drop"
                      if fit >= 0.5 else "too little is free to fit the weights and a useful KV cache")
         answer = await self.runner.decide(d)
+        if answer == "lower" and fit < 0.5:  # an answer kept from an earlier pass, when more was free
+            answer = "stop"
         if answer == "stop":
             raise StepFailed("stopped: the page cache holds memory the plan needs",
                              "`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches` on " + ", ".join(short)

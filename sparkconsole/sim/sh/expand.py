@@ -33,7 +33,12 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SPECIAL = "?!$#@*-0123456789"
 
 
+_PLAIN = re.compile(r"[^\\'\"`$]*")  # a word with nothing to expand: its characters as they are
+
+
 async def segments(env: Env, word: str, in_dquote: bool = False, tilde: bool = True) -> list[Seg]:
+    if _PLAIN.fullmatch(word) and not (tilde and not in_dquote and word[:1] == "~"):
+        return [(word, in_dquote, True)] if word else []  # what the loop below makes of it, at once
     out: list[Seg] = []
     i, n = 0, len(word)
     if tilde and not in_dquote and (word == "~" or word.startswith("~/")):
@@ -131,7 +136,7 @@ async def segments(env: Env, word: str, in_dquote: bool = False, tilde: bool = T
 async def _brace(env: Env, body: str) -> str:
     if body.startswith("#") and len(body) > 1:
         return str(len(env.getvar(body[1:]) or ""))
-    m = _NAME.match(body) or (re.match(r"[?!$#@*0-9-]", body))
+    m = _NAME.match(body) or (re.match(r"[0-9]+|[?!$#@*-]", body))  # ${10}: the tenth positional parameter
     if not m:
         raise ExpandError(f"${{{body}}}: Bad substitution")
     name = m.group(0)
@@ -184,6 +189,21 @@ def _trim(v: str, pat: str, op: str, longest: bool) -> str:
     return v[:(min(cuts) if longest else max(cuts))]
 
 
+def _magic(field: list[Seg]) -> bool:
+    """Whether a field is a pattern: an unquoted ``*`` or ``?``, or an unquoted ``[`` that a ``]``
+    closes later in the field. A ``[`` alone is an ordinary character (POSIX 2.13.1): the ``[``
+    command (``[ -e FILE ]``) is not matched against the directory."""
+    text, opens = "", []
+    for s, quoted, _l in field:
+        if not quoted:
+            if "*" in s or "?" in s:
+                return True
+            opens += [len(text) + i for i, c in enumerate(s) if c == "["]
+        text += s
+    # the first character of a bracket expression (after a ``!``) is never its end: ``[]`` alone is literal
+    return any("]" in text[i + (3 if text[i + 1:i + 2] == "!" else 2):] for i in opens)
+
+
 def _glob_escape(s: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in s)
 
@@ -215,7 +235,7 @@ async def expand_word(env: Env, word: str, split: bool = True, glob: bool = True
         if not f and not q:
             continue
         plain = "".join(s for s, _q, _l in f)
-        magic = glob and any(not quoted and any(c in s for c in "*?[") for s, quoted, _l in f)
+        magic = glob and _magic(f)
         if magic:
             pattern = "".join(s if not quoted else _glob_escape(s) for s, quoted, _l in f)
             hits = env.glob(pattern)

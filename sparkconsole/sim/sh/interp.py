@@ -9,7 +9,8 @@ run here; every other command is a *tool* (``c_NAME`` methods of the tool mixins
 
 Redirections write into the node's file system (:mod:`sparkconsole.sim.vfs`) as the output is
 produced, so a log grows while the job runs. Pipelines run stage by stage (each stage's output is
-the next one's input), which is exact for finite commands; ``docker save X | ssh HOST docker
+the next one's input), which is exact for finite commands; a stage piped into ``head -c N`` keeps
+at most ``N`` characters of what it writes (:class:`Capture`); ``docker save X | ssh HOST docker
 load`` is recognised as one image copy.
 """
 
@@ -84,14 +85,39 @@ def zeros(n: int) -> Stream:
 
 
 class Capture:
-    def __init__(self) -> None:
+    """A pipe's data, kept for the next stage. ``limit``: that stage is ``head -c N`` and reads ``N``
+    bytes (at most ``N`` characters) of it: past them the pipe is ``closed`` and what comes is dropped,
+    so a producer writing in pieces never makes more than ``head`` keeps; one that looks at ``closed``
+    stops there, as a real one stops on SIGPIPE (``docker logs | head -c``: sim/hostile.py)."""
+
+    def __init__(self, limit: int | None = None) -> None:
         self.parts: list[str] = []
+        self.limit = limit
+        self.size = 0
+        self.closed = False
 
     def __call__(self, s: str) -> None:
-        self.parts.append(s)
+        if self.limit is None:
+            self.parts.append(s)
+            return
+        if self.closed:
+            return
+        room = self.limit - self.size
+        self.parts.append(s[:room])
+        self.size += min(len(s), room)
+        self.closed = self.size >= self.limit
 
     def text(self) -> str:
         return "".join(self.parts)
+
+
+def _head_bytes(node: Node) -> int | None:
+    """``N`` when ``node`` is ``head -c N`` written out (no expansion, no redirection): the most of its
+    input it reads; else None."""
+    if (isinstance(node, Simple) and not node.assigns and not node.redirs and len(node.words) == 3
+            and node.words[:2] == ["head", "-c"] and node.words[2].isdigit()):
+        return int(node.words[2])
+    return None
 
 
 class ShellExit(Exception):
@@ -375,7 +401,7 @@ class Interp:
             if last:
                 rc = await sub.command(cmd, IO(io.out, io.err, data, proc=io.proc))
             else:
-                cap = Capture()
+                cap = Capture(_head_bytes(cmds[i + 1]))
                 rc = await sub.command(cmd, IO(cap, io.err, data, proc=io.proc))
                 data = Stream(cap.text())
         return rc

@@ -47,6 +47,7 @@ import re
 import time
 
 from sparkconsole.sim import formats as F
+from sparkconsole.sim import hostile as sim_hostile
 from sparkconsole.sim import miniature as sim_miniature
 from sparkconsole.sim import vllm_logs
 from sparkconsole.sim.container import (
@@ -596,6 +597,9 @@ class DockerTools:
             if lo is None:
                 io.err(f'invalid value for "since": failed to parse value as time or duration: "{since}"\n')
                 return 1
+        if ct.hostile is not None:  # records made as they are read, never held (sim/hostile.py)
+            return await sim_hostile.docker_logs(self, ct, lo, None if tail in (None, "all") else int(tail),
+                                                 follow, stamps, io)
         lines = ct.log_between(lo, t)
         if tail not in (None, "all"):
             n = int(tail)
@@ -659,11 +663,16 @@ class DockerTools:
         return rc
 
     async def d_stop(self, args: list[str], io: IO) -> int:
+        """``docker stop [-t|--time SECONDS] [-s|--signal SIGNAL] NAME…``: the option values are not
+        names (the memory guard's watcher sends ``docker stop -t 10 NAME``); an engine here ends on
+        SIGTERM well within the grace."""
         async def stop(ct: Container) -> None:
             await self.clock.sleep(0.4)
             self._stop(ct, self.now(), 0)
 
-        return await self._each_container(args, io, stop)
+        valued = {"-t", "--time", "-s", "--signal"}
+        names = [a for i, a in enumerate(args) if a not in valued and (i == 0 or args[i - 1] not in valued)]
+        return await self._each_container(names, io, stop)
 
     def _stop(self, ct: Container, t: float, code: int) -> None:
         stop_container(self.cluster, ct, t, code)

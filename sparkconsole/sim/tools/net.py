@@ -2,7 +2,7 @@
 the path MTU, link down, lost node), ``ssh`` (to a node by name or address, ``-o BatchMode``,
 ``ConnectTimeout``), ``ss -ltnp`` (who holds each listening port) and ``curl`` (a local or remote
 vLLM server's ``/health``, ``/v1/models``, ``/v1/chat/completions``, ``/metrics``
-(:mod:`~sparkconsole.sim.vllm_metrics`); the Hub's model and tree API on a node with internet; ``-s -S -f -o -w '%{http_code}' --max-time``; a chat completion
+(:mod:`~sparkconsole.sim.vllm_metrics`); the Hub's model and tree API on a node with internet; ``-s -S -f -o -w '%{http_code}' --max-time --max-filesize``; a chat completion
 takes prefill plus its tokens at the model's decode rate of sim time, :func:`~sparkconsole.sim.
 vllm_logs.chat_seconds`, when it is alone on the engine; under load it ends when the engine's
 scheduler model says (:func:`~sparkconsole.sim.vllm_metrics.chat_started`: a queue, a bigger batch,
@@ -17,6 +17,7 @@ import re
 
 from sparkconsole.sim import formats as F
 from sparkconsole.sim import vllm_logs, vllm_metrics
+from sparkconsole.sim.hostile import hostile_page
 from sparkconsole.sim.model import (
     HUB_CONFIGS,
     LAN_RSYNC_BPS,
@@ -465,10 +466,45 @@ class NetTools:
             status, body = r
         if fail and status >= 400:
             return error(22, f"The requested URL returned error: {status}")
+        if not isinstance(body, str):  # a page sent chunked, made as it is read (sim/hostile.py)
+            return self._curl_stream(body, io, opts, output, write_out, status, error)
         if output is None or output == "-":
             io.out(body)
         elif output != "/dev/null":
             self.fs.write_text(output, body, self.cwd)
+        if write_out is not None:
+            io.out(_write_out(write_out, status))
+        return 0
+
+    def _curl_stream(self, body, io: IO, opts: dict[str, str], output: str | None, write_out: str | None,
+                     status: int, error) -> int:
+        """A body of unknown length (chunked: no Content-Length) written as it comes. ``--max-filesize``
+        stops the transfer once the body passes it: curl 8.4.0 and later do so during the transfer ("Starting
+        with curl 8.4.0, this option aborts the transfer if it reaches the threshold during transfer",
+        https://curl.se/docs/manpage.html#--max-filesize), and a Spark's Ubuntu 24.04 has curl 8.5.0
+        (https://packages.ubuntu.com/noble/curl). A reader that has what it wants (``head -c`` before it:
+        the pipe is closed) ends the transfer too, as SIGPIPE does (curl's exit 23, a write error)."""
+        limit = _size_arg(opts.get("--max-filesize"))
+        chunks: list[str] = []
+        if output is None or output == "-":
+            sink = io.out
+        elif output == "/dev/null":
+            def sink(_s: str) -> None:
+                return None
+        else:
+            sink = chunks.append
+        got = 0
+        for chunk in body:
+            got += len(chunk.encode())
+            if limit is not None and got > limit:
+                if chunks:
+                    self.fs.write_text(output, "".join(chunks), self.cwd)
+                return error(63, "Maximum file size exceeded")
+            sink(chunk)
+            if getattr(sink, "closed", False):
+                return 23
+        if chunks:
+            self.fs.write_text(output, "".join(chunks), self.cwd)
         if write_out is not None:
             io.out(_write_out(write_out, status))
         return 0
@@ -501,7 +537,8 @@ class NetTools:
         elif path == "/version":
             body = '{"version":"' + run.version + '"}'
         elif path == "/metrics" and method == "GET":
-            body = vllm_metrics.render(run, self.now(), self.clock.epoch(0.0))
+            body = hostile_page(self.cluster, node.name, run, self.now()) or vllm_metrics.render(
+                run, self.now(), self.clock.epoch(0.0))
         elif path == "/v1/chat/completions" and method == "POST":
             body, ok = vllm_logs.chat_json(run, data or "", created)
             status = "200 OK" if ok else "400 Bad Request"
@@ -549,6 +586,15 @@ def _count_chat(run, t: float, answer: str, request: str):
     return vllm_metrics.chat_started(run, t, int(usage.get("prompt_tokens") or 0),
                                      int(usage.get("completion_tokens") or 0),
                                      int(mt) if isinstance(mt, int) else None, json.dumps(msgs, sort_keys=True))
+
+
+def _size_arg(value: str | None) -> int | None:
+    """curl's size argument (``--max-filesize 16777216``, ``100K``, ``3m``, ``1G``) in bytes; None when
+    absent or not a size."""
+    m = re.fullmatch(r"(\d+)([kKmMgG]?)", value or "")
+    if not m:
+        return None
+    return int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}[m.group(2).lower()]
 
 
 def _write_out(fmt: str, status: int) -> str:

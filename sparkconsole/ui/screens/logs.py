@@ -26,6 +26,7 @@ import asyncio
 import bisect
 import contextlib
 import re
+import time
 from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Any
@@ -72,6 +73,11 @@ TrackerFactory = Callable[[], LogTracker | None]
 StartReader = Callable[[], Awaitable[str]]
 """Reads the start of the followed log from the node (its first lines), for the calibration."""
 BATCH_S = 0.05  # lines read within this are drawn together
+# what drawing one batch may take of the event loop: a batch holds as many lines as that time takes
+# (measured as it goes); the older lines of a faster log are dropped and counted before they cost
+# anything (benchmarks/soak.py: a 5,000-line/s log kept keys waiting up to a second without it)
+BATCH_BUDGET_S = 0.010
+BATCH_MIN_LINES = 50
 YIELD_EVERY = 64  # lines read before the reader lets the keys through
 PARSE_CHUNK = 200  # lines of the log's start given to the engine's reader before the keys get a turn
 MARKER_PREFIX = "──── mark "
@@ -294,6 +300,9 @@ class LogScreen(Screen[None]):
         self._pending: deque[FollowEvent] = deque()
         self._pending_lines = 0
         self._pending_timer: Any = None
+        self._line_s = BATCH_BUDGET_S / 500  # what drawing one line costs, measured batch by batch
+        self._batch_cap = max(1, self.max_lines - 1)
+        self._shown_texts: Any = None  # the panel's texts as last shown
         self.lines_dropped = 0  # lines dropped unread (the follower's and this screen's), shown
         # the tail's lines wait here while the log's start goes through the engine's reader, so that
         # the start is read first and whole (None: not reading the start)
@@ -395,7 +404,7 @@ class LogScreen(Screen[None]):
         if not isinstance(event, LogLine):
             return
         self._pending_lines += 1
-        if self._pending_lines <= max(1, self.max_lines - 1):
+        if self._pending_lines <= self._batch_cap:
             return
         i = next(k for k, e in enumerate(pending) if isinstance(e, LogLine))
         del pending[i]
@@ -408,9 +417,16 @@ class LogScreen(Screen[None]):
 
     def _flush_pending(self) -> None:
         self._pending_timer = None
+        lines = self._pending_lines
         batch, self._pending, self._pending_lines = self._pending, deque(), 0
-        if batch and self.is_attached:
-            self.handle_events(batch)
+        # popped (Esc, the overview): its widgets are being removed, a batch drawn now would not find them
+        if not batch or not self.is_attached or self not in self.app.screen_stack:
+            return
+        start = time.perf_counter()
+        self.handle_events(batch)
+        if lines >= 20:  # the next batch holds what BATCH_BUDGET_S draws, at this batch's cost per line
+            self._line_s = 0.7 * self._line_s + 0.3 * (time.perf_counter() - start) / lines
+            self._batch_cap = int(max(BATCH_MIN_LINES, min(self.max_lines - 1, BATCH_BUDGET_S / self._line_s)))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         forward_worker_failure(self, event)
@@ -503,12 +519,18 @@ class LogScreen(Screen[None]):
 
     def _update_panel(self) -> None:
         self._panel_scheduled = False
-        if self.tracker is None:
+        if self.tracker is None or self not in self.app.screen_stack:  # popped: its widgets are going
             return
         report = self.tracker.report
         if report == self._last_report:
             return
         self._last_report = report
+        # the report changes with every line (its counts), what the panel shows seldom: each update of
+        # the panel's texts lays the whole screen out again
+        texts = (report_lines(report, self.tracker.label), report.state, report.shards_total, report.shards_done)
+        if texts == self._shown_texts:
+            return
+        self._shown_texts = texts
         self.query_one(VllmPanel).show(report, self.tracker.label)
 
     # ---- following ----------------------------------------------------------------------------
@@ -548,7 +570,8 @@ class LogScreen(Screen[None]):
             n = self._filter_count() if self.filter_on else None
             parts.append(f"{'filter' if self.filter_on else 'search'}: {self.pattern!r}" + (f" ({n})" if n is not None else ""))
         # plain Text: the search pattern is typed by the operator, and "[/x]" as markup ended the app
-        self.query_one("#log-status", Static).update(Text(" · ".join(parts)))
+        # one line, as wide as the row whatever it says: no new layout of the screen
+        self.query_one("#log-status", Static).update(Text(" · ".join(parts)), layout=False)
 
     def _filter_count(self) -> int:
         """Matching lines shown by the filter, markers not counted; from the view's rows kept line
