@@ -304,7 +304,7 @@ class Flow:
         return self.options.served_name or self.options.model.split("/", 1)[1].lower()
 
     async def recon(self, nodes: list[str] | None = None) -> dict[str, NodeFacts]:
-        """Read every node once (concurrently) and keep what was read."""
+        """Read every node (concurrently; one that did not answer, once more) and keep what was read."""
         names = nodes or [n.name for n in self.runner.nodes]
 
         async def one(node: str) -> NodeFacts:
@@ -314,6 +314,10 @@ class Flow:
             return facts_from_output(node, res.stdout)
 
         got = await self.runner.on_all(names, one)
+        missed = [f.node for f in got if not f.reachable]
+        if missed:  # a busy node may miss one read: read it once more (recon changes nothing)
+            again = {f.node: f for f in await self.runner.on_all(missed, one)}
+            got = [again.get(f.node, f) for f in got]
         stored = dict(self.runner.state.facts.get("nodes", {}))
         for f in got:
             stored[f.node] = f.to_json()

@@ -45,6 +45,8 @@ class LineTracker:
     label = ""
     _phase: str | None  # the timeline's current phase, kept by the subclass (None before the first)
     _events: list[tuple[str, int]]  # (phase, line number) each time it moved
+    _seen: bool  # a line of the engine was read
+    _level: int  # 0 starting, 1 loading, 2 ready
 
     def __init__(self) -> None:
         self._line_no = 0
@@ -52,6 +54,15 @@ class LineTracker:
         self._cached: LogReport | None = None
         self._nodes: dict[str, LineTracker] = {}  # source -> that node's own tracker
         self._fail_order: list[str] = []  # sources in the order they first failed
+
+    def _state_and_phase(self) -> tuple[str, str | None]:
+        """The report's state and phase: ``unknown`` until a line of the engine was read (``_seen``),
+        ``failed`` once its run failed, else by ``_level`` (0 starting, 1 loading, 2 ready); the phase
+        as the timeline has it, else the state's own."""
+        if not self._seen:
+            return "unknown", None
+        state = "failed" if self._failed else ("starting", "loading", "ready")[self._level]
+        return state, self._phase or (PHASE_STARTING if state == "starting" else PHASE_LOADING)
 
     def _enter_phase(self, phase: str) -> None:
         """Move the timeline forward (phases never go back; ``failed`` ends it). A subclass keeps
@@ -224,17 +235,7 @@ class PhaseTracker(LineTracker):
 
     # -- report --------------------------------------------------------------------------------
     def _build(self) -> LogReport:
-        if not self._seen:
-            state = "unknown"
-        elif self._failed:
-            state = "failed"
-        else:
-            state = ("starting", "loading", "ready")[self._level]
-        phase = self._phase
-        if state == "unknown":
-            phase = None
-        elif phase is None:
-            phase = PHASE_STARTING if state == "starting" else PHASE_LOADING
+        state, phase = self._state_and_phase()
         report = LogReport(
             state=state,  # type: ignore[arg-type]
             failure_kind=self._kind if self._failed else None,  # type: ignore[arg-type]

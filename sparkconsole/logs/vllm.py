@@ -791,17 +791,7 @@ class VllmLogTracker(LineTracker):
     # -- report ----------------------------------------------------------------------------
     def _build(self) -> VllmLogReport:
         v = self._v
-        if not self._seen:
-            state: str = "unknown"
-        elif self._failed:
-            state = "failed"
-        else:
-            state = ("starting", "loading", "ready")[self._level]
-        phase = self._phase
-        if state == "unknown":
-            phase = None
-        elif phase is None:
-            phase = PHASE_STARTING if state == "starting" else PHASE_LOADING
+        state, phase = self._state_and_phase()
         proof: tuple[str, ...] = ()
         failure_line = self._failure_line if self._failed else None
         if self._failed and self._kind == "other" and not self._signature_other and self._tb_first:

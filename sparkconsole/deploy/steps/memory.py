@@ -150,9 +150,6 @@ class Caches(Step):
             return
         facts = await flow.recon(flow.nodes)
         unread = [n for n in flow.nodes if not facts[n].reachable or facts[n].mem_available is None]
-        if unread:  # a busy node may miss one read: read it once more (recon changes nothing)
-            facts = {**facts, **await flow.recon(unread)}
-            unread = [n for n in unread if not facts[n].reachable or facts[n].mem_available is None]
         if unread:  # no figure is no zero: a budget fitted to it would be nonsense (a negative gmu)
             raise StepFailed(f"{', '.join(unread)} did not answer: its free memory is unknown",
                              "check the node answers over SSH, then --resume")

@@ -111,10 +111,7 @@ class Plan(Step):
     async def decide(self) -> None:
         flow = self.flow
         unread = [n for n in flow.nodes if n not in flow.facts or not flow.facts[n].reachable]
-        if unread:  # a busy node may miss one read: read it once more (recon changes nothing)
-            await flow.recon(unread)
-            unread = [n for n in unread if not flow.facts[n].reachable]
-        if unread:  # a plan on a node's missing figures would be a plan on zeros
+        if unread:  # recon read it twice (Flow.recon)  # a plan on a node's missing figures would be a plan on zeros
             raise StepFailed(f"{', '.join(unread)} did not answer: its memory is unknown, so no plan can be made",
                              "check the node answers over SSH, then --resume")
         facts = flow.facts
